@@ -1,0 +1,1 @@
+"""The `.ninfer` artifact: one self-describing safetensors file (see format.py)."""
