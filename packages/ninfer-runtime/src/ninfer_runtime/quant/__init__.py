@@ -73,12 +73,16 @@ def get_scheme(name: str) -> Scheme:
 
 
 def stored_name(logical: str, role: str) -> str:
-    """`layers.0.mlp.down_proj.weight` + `weight_scale` -> `layers.0.mlp.down_proj.weight_scale`."""
+    """`layers.0.mlp.down_proj.weight` + `weight_scale` -> `layers.0.mlp.down_proj.weight_scale`.
+
+    Stacked expert tensors are parameters named without `.weight` (`mlp.experts.down_proj`);
+    their roles get a suffix instead: `mlp.experts.down_proj_weight_scale`.
+    """
     if role == "weight":
         return logical
-    if not logical.endswith("weight"):
-        raise ValueError(f"quantized weight {logical!r} must be named *weight")
-    return logical[: -len("weight")] + role
+    if logical.endswith("weight"):
+        return logical[: -len("weight")] + role
+    return f"{logical}_{role}"
 
 
 @dataclass(frozen=True)
