@@ -1,0 +1,55 @@
+"""The Qwen3.5 / 3.6 / 3.8 text model (dense and MoE) over NInfer-named weights."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from ninfer_runtime.config import FULL_ATTENTION, ModelConfig
+from ninfer_runtime.models.cache import SequenceCache
+from ninfer_runtime.models.layers import run_layers
+from ninfer_runtime.models.weights import DecoderLayerWeights, WeightReader
+from ninfer_runtime.ops.linear import Weight, linear
+from ninfer_runtime.ops.norm import rms_norm
+
+
+class Qwen3_5Model:
+    """embed -> decoder layers (3 GDN : 1 gated attention) -> final norm -> lm_head.
+
+    `weights` maps NInfer names (ninfer_convert.mapping) to tensors or PackedWeights; only the
+    text-model tensors are read (not mtp.*, not visual.*). Compute runs in `dtype` (fp32 for
+    the CPU oracle tests, bf16 on GPU); norms, softmax, gating and the GDN state stay fp32.
+    """
+
+    def __init__(self, config: ModelConfig, weights: Mapping[str, Weight], *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        r = WeightReader(weights, dtype, device)
+        vocab, hidden = config.vocab_size, config.hidden_size
+        self.embed_tokens: torch.Tensor = r.take("embed_tokens.weight", (vocab, hidden))
+        self.layers = [
+            DecoderLayerWeights.load(r, f"layers.{i}.", config, kind == FULL_ATTENTION)
+            for i, kind in enumerate(config.layer_types)
+        ]
+        self.norm = r.norm("norm.weight", hidden)
+        self.lm_head: Weight = r.linear("lm_head.weight", vocab, hidden)
+
+    def new_cache(self) -> SequenceCache:
+        """An empty cache for one new sequence."""
+        return SequenceCache.empty(self.config, self.config.layer_types, self.dtype, self.device)
+
+    def forward(self, input_ids: torch.Tensor, start_pos: int,
+                cache: SequenceCache) -> torch.Tensor:
+        """Final-normed hidden states [T, H] of tokens input_ids [T] at positions start_pos..,
+        continuing (and advancing) `cache`. Several tokens take the prompt path, one token the
+        decode path; a prompt may be split over several calls."""
+        x = self.embed_tokens[input_ids.to(self.device)]
+        x = run_layers(x, self.layers, cache, start_pos, self.config)
+        return rms_norm(x, self.norm, self.config.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """lm_head over hidden [..., H] -> fp32 logits [..., vocab]."""
+        return linear(hidden, self.lm_head).float()
