@@ -1,0 +1,26 @@
+"""Engine settings, resolved before the engine is built (no "auto" survives construction)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_context: int = 8192  # prompt + completion tokens per request
+    prefill_chunk: int = 1024  # prompt tokens computed per request per step
+    kv_dtype: Literal["int8", "bf16"] = "int8"  # INT8 with one scale per 64 elements, or bf16
+    kv_capacity: int | Literal["auto"] = "auto"  # KV pool size in tokens
+    max_concurrency: int = 8  # requests running at once (decode batch size)
+    max_queue: int = 256  # waiting requests beyond which new ones are refused (HTTP 429)
+    device: str = "cpu"
+    page_size: int = 64  # tokens per KV page
+
+    def __post_init__(self) -> None:
+        if self.max_context < 2 or self.prefill_chunk < 1 or self.max_concurrency < 1:
+            raise ValueError(f"invalid engine config {self}")
+        if self.kv_dtype not in ("int8", "bf16"):
+            raise ValueError(f"kv_dtype must be int8 or bf16, got {self.kv_dtype!r}")
+        if self.kv_capacity != "auto" and int(self.kv_capacity) < self.page_size:
+            raise ValueError(f"kv_capacity {self.kv_capacity} is below one page")

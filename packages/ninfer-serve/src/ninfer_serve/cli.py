@@ -1,0 +1,115 @@
+"""`ninfer-serve [ARTIFACT]`: serve one .ninfer artifact over OpenAI-compatible HTTP.
+
+Without ARTIFACT the embedded default model is served (built and cached on first use). The
+server listens at once; the model loads on the engine thread meanwhile (/health answers 503 until
+it is ready). If loading fails the process exits with status 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+import uvicorn
+
+from ninfer_runtime.engine.config import EngineConfig
+from ninfer_serve.app import create_app
+from ninfer_serve.client import Engine
+from ninfer_serve.config import MAX_BODY_BYTES, ServeConfig
+
+DEFAULT_MODEL_NAME = "ninfer-default"
+
+
+def engine_factory(artifact: Path | None, config: EngineConfig) -> Callable[[], Engine]:
+    """Builds the engine on the engine thread; the heavy imports happen there too."""
+
+    def build() -> Engine:
+        from ninfer_runtime.engine import Engine
+
+        path = artifact
+        if path is None:
+            from ninfer_convert.demo import default_artifact
+
+            path = default_artifact()
+        return Engine.from_artifact(path, config)
+
+    return build
+
+
+def _kv_capacity(_: click.Context, __: click.Parameter, value: str) -> int | str:
+    if value == "auto":
+        return value
+    if not value.isdigit():
+        raise click.BadParameter(f"expected 'auto' or a number of tokens, got {value!r}")
+    return int(value)
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@click.command(context_settings={"show_default": True})
+@click.argument("artifact", required=False, type=click.Path(exists=True, dir_okay=False,
+                                                             path_type=Path))
+@click.option("--host", default="127.0.0.1", help="Bind address (loopback by default).")
+@click.option("--port", default=8000, type=click.IntRange(0, 65535))
+@click.option("--max-context", default=EngineConfig.max_context, type=click.IntRange(min=2),
+              help="Prompt + completion tokens per request.")
+@click.option("--prefill-chunk", default=EngineConfig.prefill_chunk, type=click.IntRange(min=1),
+              help="Prompt tokens computed per request per step.")
+@click.option("--kv-dtype", default=EngineConfig.kv_dtype, type=click.Choice(["int8", "bf16"]))
+@click.option("--kv-capacity", default="auto", callback=_kv_capacity,
+              help="KV pool size in tokens, or auto (sized from free memory).")
+@click.option("--max-concurrency", default=EngineConfig.max_concurrency,
+              type=click.IntRange(min=1), help="Requests running at once.")
+@click.option("--max-queue", default=EngineConfig.max_queue, type=click.IntRange(min=0),
+              help="Waiting requests beyond which new ones get 429.")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
+              help="Default: cuda when available.")
+@click.option("--api-key", default=None, envvar="NINFER_API_KEY",
+              help="Require 'Authorization: Bearer KEY' (except /health and /metrics).")
+@click.option("--served-model-name", default=None,
+              help=f"Model id in the API. Default: the artifact's file stem, or "
+              f"{DEFAULT_MODEL_NAME!r}.")
+@click.option("--max-body-bytes", default=MAX_BODY_BYTES, type=click.IntRange(min=1))
+@click.option("--log-level", default="info",
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def main(artifact: Path | None, host: str, port: int, max_context: int, prefill_chunk: int,
+         kv_dtype: str, kv_capacity: int | str, max_concurrency: int, max_queue: int,
+         device: str | None, api_key: str | None, served_model_name: str | None,
+         max_body_bytes: int, log_level: str) -> None:
+    """Serve ARTIFACT (a .ninfer file) over OpenAI-compatible HTTP."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        engine_config = EngineConfig(max_context=max_context, prefill_chunk=prefill_chunk,
+                                     kv_dtype=kv_dtype, kv_capacity=kv_capacity,  # type: ignore[arg-type]
+                                     max_concurrency=max_concurrency, max_queue=max_queue,
+                                     device=device or _default_device())
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    name = served_model_name or (artifact.stem if artifact is not None else DEFAULT_MODEL_NAME)
+    config = ServeConfig(served_model_name=name, engine=engine_config, api_key=api_key,
+                         max_body_bytes=max_body_bytes)
+    load_errors: list[BaseException] = []
+    server: uvicorn.Server | None = None
+
+    def on_load_error(error: BaseException) -> None:
+        load_errors.append(error)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(config, engine_factory(artifact, engine_config), on_load_error=on_load_error)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    server.run()
+    if load_errors:
+        click.echo(f"ninfer-serve: the model failed to load: {load_errors[0]}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
