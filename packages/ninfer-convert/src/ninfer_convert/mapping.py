@@ -2,27 +2,28 @@
 
 NInfer names drop the `model.language_model.` prefix and fuse what the kernels read together:
 
-| NInfer tensor (layer i)                          | built from (HF, under the text prefix)            |
-|--------------------------------------------------|---------------------------------------------------|
-| layers.i.linear_attn.in_proj_qkvz.weight  [Q]    | cat(in_proj_qkv, in_proj_z) along rows            |
-| layers.i.linear_attn.in_proj_ba.weight           | cat(in_proj_b, in_proj_a) along rows              |
-| layers.i.linear_attn.conv1d.weight  [C, K]       | conv1d.weight [C, 1, K] squeezed                  |
-| layers.i.linear_attn.{A_log,dt_bias}  (fp32)     | same                                              |
-| layers.i.linear_attn.out_proj.weight      [Q]    | same                                              |
-| layers.i.self_attn.qkv_proj.weight        [Q]    | cat(q_proj (q|gate per head), k_proj, v_proj)     |
-| layers.i.self_attn.o_proj.weight          [Q]    | same                                              |
-| layers.i.mlp.gate_up_proj.weight          [Q]    | cat(gate_proj, up_proj)                           |
-| layers.i.mlp.down_proj.weight             [Q]    | same                                              |
-| layers.i.mlp.router.weight                       | mlp.gate.weight                                   |
-| layers.i.mlp.experts.gate_up_proj  [E,2I,H] [Q]  | fused experts.gate_up_proj, or per expert         |
-|                                                  | stack_e(cat(experts.e.gate_proj, experts.e.up_proj)) |
-| layers.i.mlp.experts.down_proj     [E,H,I]  [Q]  | fused experts.down_proj, or stack_e(down_proj)    |
-| layers.i.mlp.shared_expert.gate_up_proj   [Q]    | cat(shared_expert.gate_proj, shared_expert.up_proj) |
-| layers.i.mlp.shared_expert.down_proj      [Q]    | same                                              |
-| layers.i.mlp.shared_expert_gate.weight           | same                                              |
-| embed_tokens.weight, norm.weight, lm_head.weight | same (lm_head from embed_tokens when tied)        |
-| mtp.*  (mtp.layers.0 is a full-attention layer)  | mtp.* with the same fusions                       |
-| visual.*                                         | model.visual.* as is                              |
+| NInfer tensor (under layers.i.)        | built from (HF names under the text prefix)        |
+|----------------------------------------|----------------------------------------------------|
+| linear_attn.in_proj_qkvz.weight [Q]    | cat(in_proj_qkv, in_proj_z) along rows             |
+| linear_attn.in_proj_ba.weight          | cat(in_proj_b, in_proj_a) along rows               |
+| linear_attn.conv1d.weight [C, K]       | conv1d.weight [C, 1, K] squeezed                   |
+| linear_attn.{A_log,dt_bias} (fp32)     | same                                               |
+| linear_attn.out_proj.weight [Q]        | same                                               |
+| self_attn.qkv_proj.weight [Q]          | cat(q_proj (q|gate per head), k_proj, v_proj)      |
+| self_attn.o_proj.weight [Q]            | same                                               |
+| mlp.gate_up_proj.weight [Q]            | cat(gate_proj, up_proj)                            |
+| mlp.down_proj.weight [Q]               | same                                               |
+| mlp.router.weight                      | mlp.gate.weight                                    |
+| mlp.experts.gate_up_proj [E,2I,H] [Q]  | fused experts.gate_up_proj, or per expert:         |
+|                                        | stack_e(cat(experts.e.gate_proj, .up_proj))        |
+| mlp.experts.down_proj [E,H,I] [Q]      | fused experts.down_proj, or stack_e(down_proj)     |
+| mlp.shared_expert.gate_up_proj [Q]     | cat(shared_expert.gate_proj, .up_proj)             |
+| mlp.shared_expert.down_proj [Q]        | same                                               |
+| mlp.shared_expert_gate.weight          | same                                               |
+
+Outside the layers: embed_tokens.weight, norm.weight and lm_head.weight keep their names
+(lm_head comes from embed_tokens when tied); mtp.* keeps its names with the same fusions
+(mtp.layers.0 is a full-attention layer); visual.* comes from model.visual.* as is.
 
 [Q] marks the linear weights that take the body's quantization (`group` says which choice
 applies: "body", "lm_head" or "mtp"); every other tensor stays bf16 (fp32 for A_log, dt_bias).
