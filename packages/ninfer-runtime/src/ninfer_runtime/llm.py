@@ -1,12 +1,13 @@
 """The offline API: load a `.ninfer` artifact, score token sequences, generate text.
 
-One sequence at a time over the reference model: the prompt goes through in one call (the
-chunked GDN path), then one token per step over the KV and state caches (the recurrent path).
-The batching engine replaces this loop; the API stays.
+`score` is one forward of the whole sequence (the model's single-sequence path). `generate`
+runs the engine as a batch of one (unquantized KV, so its output is the reference model's),
+which gives it the engine's sampling and stopping rules.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +15,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from ninfer_runtime.engine.config import EngineConfig
+from ninfer_runtime.engine.engine import Engine, eos_token_ids
+from ninfer_runtime.engine.request import EngineRequest, SamplingParams
 from ninfer_runtime.models import Qwen3_5Model
-from ninfer_runtime.ops.sampling import sample
+from ninfer_runtime.models.loading import load_artifact
 
 if TYPE_CHECKING:
     from ninfer_runtime.tokenizer import Tokenizer
@@ -33,12 +37,6 @@ class GenerationResult:
     finish_reason: FinishReason
 
 
-def _ids(value: int | Iterable[int] | None) -> set[int]:
-    if value is None:
-        return set()
-    return {value} if isinstance(value, int) else set(value)
-
-
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -48,16 +46,8 @@ class LLM:
 
     def __init__(self, path: str | Path, device: str | torch.device | None = None,
                  dtype: torch.dtype | None = None):
-        from ninfer_runtime.artifact import Artifact
-        from ninfer_runtime.tokenizer import Tokenizer
-
-        artifact = Artifact.open(path)
-        device = torch.device(device) if device is not None else default_device()
-        if dtype is None:  # fp32 keeps the CPU path exact; bf16 is the GPU compute type
-            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        model = Qwen3_5Model(artifact.config, artifact.weights(), dtype=dtype, device=device)
-        tokenizer = Tokenizer.from_artifact(artifact) if artifact.tokenizer_json else None
-        self._setup(model, tokenizer, artifact.generation_config)
+        loaded = load_artifact(path, device if device is not None else default_device(), dtype)
+        self._setup(loaded.model, loaded.tokenizer, loaded.generation_config)
 
     @classmethod
     def from_model(cls, model: Qwen3_5Model, tokenizer: Tokenizer | None = None,
@@ -70,9 +60,8 @@ class LLM:
                generation_config: Mapping[str, Any]) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        # stop on the generation config's eos ids and the model config's
-        self.eos_token_ids = frozenset(_ids(generation_config.get("eos_token_id"))
-                                       | set(model.config.eos_token_ids))
+        self.generation_config = dict(generation_config)
+        self.eos_token_ids = eos_token_ids(generation_config, model.config)
 
     def _token_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -90,17 +79,13 @@ class LLM:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         return ids
 
-    def _tensor(self, ids: Sequence[int]) -> torch.Tensor:
-        return torch.tensor(ids, dtype=torch.long, device=self.model.device)
-
     @torch.inference_mode()
     def score(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Logits at every position, fp32 [T, vocab] on the CPU: row t scores token t+1."""
-        ids = self._token_ids(token_ids)
-        hidden = self.model.forward(self._tensor(ids), 0, self.model.new_cache())
+        ids = torch.tensor(self._token_ids(token_ids), dtype=torch.long)
+        hidden = self.model.forward(ids, 0, self.model.new_cache())
         return self.model.logits(hidden).cpu()
 
-    @torch.inference_mode()
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 256,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  seed: int | None = None, stop_token_ids: Iterable[int] | None = None,
@@ -113,24 +98,20 @@ class LLM:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         ids = self._token_ids(prompt)
-        stops = _ids(stop_token_ids) | (set() if ignore_eos else set(self.eos_token_ids))
-        generator = None
-        if seed is not None:
-            generator = torch.Generator(self.model.device).manual_seed(seed)
-        cache = self.model.new_cache()
-        hidden = self.model.forward(self._tensor(ids), 0, cache)
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                max_tokens=max_tokens, ignore_eos=ignore_eos,
+                                stop_token_ids=tuple(stop_token_ids or ()))
+        config = EngineConfig(max_context=len(ids) + max_tokens, max_concurrency=1,
+                              kv_dtype="bf16", device=str(self.model.device))
+        engine = Engine(self.model, config, generation_config=self.generation_config)
+        engine.add_request(EngineRequest("generate", tuple(ids), params, time.perf_counter()))
         out: list[int] = []
         finish: FinishReason = "length"
-        while True:
-            logits = self.model.logits(hidden[-1])
-            token = int(sample(logits, temperature, top_k, top_p, generator))
-            out.append(token)
-            if token in stops:
-                finish = "stop"
-                break
-            if len(out) == max_tokens:
-                break
-            hidden = self.model.forward(self._tensor([token]), cache.num_tokens, cache)
+        while engine.has_unfinished():
+            for output in engine.step():
+                out.extend(output.new_token_ids)
+                if output.finish_reason == "stop":
+                    finish = "stop"
         text = None
         if self.tokenizer is not None:
             content = out[:-1] if finish == "stop" else out

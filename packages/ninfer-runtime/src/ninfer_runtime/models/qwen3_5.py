@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from ninfer_runtime.config import FULL_ATTENTION, ModelConfig
-from ninfer_runtime.models.cache import SequenceCache
+from ninfer_runtime.engine.batch import StepBatch
+from ninfer_runtime.models.cache import LayerCache, SequenceCache, allocate_layer_caches
 from ninfer_runtime.models.layers import run_layers
 from ninfer_runtime.models.weights import DecoderLayerWeights, WeightReader
 from ninfer_runtime.ops.linear import Weight, linear
@@ -37,18 +38,34 @@ class Qwen3_5Model:
         self.norm = r.norm("norm.weight", hidden)
         self.lm_head: Weight = r.linear("lm_head.weight", vocab, hidden)
 
+    def allocate_cache(self, num_pages: int, page_size: int, num_slots: int,
+                       int8_kv: bool) -> list[LayerCache]:
+        """Storage for many sequences: `num_pages` KV pages per attention layer (int8 or the
+        compute dtype), `num_slots` GDN state slots per GDN layer."""
+        return allocate_layer_caches(self.config, self.config.layer_types, num_pages=num_pages,
+                                     page_size=page_size, num_slots=num_slots, int8_kv=int8_kv,
+                                     dtype=self.dtype, device=self.device)
+
     def new_cache(self) -> SequenceCache:
         """An empty cache for one new sequence."""
         return SequenceCache.empty(self.config, self.config.layer_types, self.dtype, self.device)
 
+    def forward_batch(self, batch: StepBatch, caches: Sequence[LayerCache]) -> torch.Tensor:
+        """Final-normed hidden states [N, H] of the step's tokens, advancing each sequence's
+        pages and state slot in `caches`."""
+        x = self.embed_tokens[batch.token_ids]
+        x = run_layers(x, self.layers, caches, batch, self.config)
+        return rms_norm(x, self.norm, self.config.rms_norm_eps)
+
     def forward(self, input_ids: torch.Tensor, start_pos: int,
                 cache: SequenceCache) -> torch.Tensor:
-        """Final-normed hidden states [T, H] of tokens input_ids [T] at positions start_pos..,
+        """One sequence: hidden states [T, H] of input_ids [T] at positions start_pos..,
         continuing (and advancing) `cache`. Several tokens take the prompt path, one token the
         decode path; a prompt may be split over several calls."""
-        x = self.embed_tokens[input_ids.to(self.device)]
-        x = run_layers(x, self.layers, cache, start_pos, self.config)
-        return rms_norm(x, self.norm, self.config.rms_norm_eps)
+        batch = cache.step(input_ids.tolist(), start_pos)
+        hidden = self.forward_batch(batch, cache.layers)
+        cache.advance(len(input_ids))
+        return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """lm_head over hidden [..., H] -> fp32 logits [..., vocab]."""

@@ -35,3 +35,23 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor,
     window = torch.cat([state.to(x.dtype), x[..., None]], dim=-1)  # [..., C, K]
     out = (window.float() * weight.float()).sum(-1)
     return F.silu(out).to(x.dtype), window[..., 1:].to(state.dtype)
+
+
+def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor,
+                         cu_seqlens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Several sequences back to back, each continuing from its slot of a state pool.
+
+    x [N, C] holds sequence b at rows cu_seqlens[b] .. cu_seqlens[b+1] ([B+1]); its conv state
+    is states[slots[b]] (states [num_slots, C, K-1], slots [B]), which this replaces. A
+    one-token sequence takes the decode form, a longer one the prefill form. Returns [N, C].
+    """
+    out = torch.empty_like(x)
+    # NOTE: the reference loops over sequences on the host; a kernel takes the tensors.
+    bounds = cu_seqlens.tolist()
+    for b, slot in enumerate(slots.tolist()):
+        lo, hi = bounds[b], bounds[b + 1]
+        if hi - lo == 1:
+            out[lo], states[slot] = causal_conv1d_update(x[lo], weight, states[slot])
+        else:
+            out[lo:hi], states[slot] = causal_conv1d(x[lo:hi], weight, states[slot])
+    return out

@@ -120,3 +120,25 @@ def chunk_gated_delta_rule(
         s = s * chunk_decay[:, i, None, None] + k_to_end[:, i].transpose(-1, -2) @ delta
     out = out.reshape(heads, n * chunk_size, -1)[:, :t_len]
     return out.transpose(0, 1).to(v.dtype), s
+
+
+def gated_delta_rule_varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    states: torch.Tensor, cu_seqlens: torch.Tensor, slots: torch.Tensor,
+) -> torch.Tensor:
+    """Several sequences back to back, each continuing from its slot of a state pool.
+
+    q, k [N, nk, dk]; v [N, nv, dv]; g, beta [N, nv]; sequence b owns rows cu_seqlens[b] ..
+    cu_seqlens[b+1] ([B+1]) and the state states[slots[b]] (states fp32 [num_slots, nv, dk,
+    dv], slots [B]), which this replaces. One token takes the recurrent (decode) form, several
+    the chunked (prompt) form. Returns o [N, nv, dv] in v.dtype.
+    """
+    out = torch.empty_like(v)
+    # NOTE: the reference loops over sequences on the host; a kernel takes the tensors.
+    bounds = cu_seqlens.tolist()
+    for b, slot in enumerate(slots.tolist()):
+        lo, hi = bounds[b], bounds[b + 1]
+        rule = recurrent_gated_delta_rule if hi - lo == 1 else chunk_gated_delta_rule
+        out[lo:hi], states[slot] = rule(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi],
+                                        states[slot])
+    return out

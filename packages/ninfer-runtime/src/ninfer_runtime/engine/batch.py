@@ -1,0 +1,90 @@
+"""The step object: everything one forward needs to know about the sequences it advances.
+
+A step is a flat batch of tokens: each sequence contributes one segment (one token when it
+decodes, a prompt chunk when it prefills), back to back. Linear layers, MLPs and MoE run over
+all tokens at once; attention and the GDN mixer run per segment, over the sequence's KV pages
+and GDN state slot. The model reads nothing else: no globals, no per-layer side channels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Literal
+
+import torch
+
+LogitsRows = Literal["none", "last", "all"]
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One sequence's share of a step: `token_ids` at positions start .., written into `pages`
+    (its page table, covering at least start + len(token_ids) tokens), continuing the GDN state
+    in `state_slot`; `logits` says which of its rows need logits."""
+
+    token_ids: Sequence[int]
+    start: int
+    pages: Sequence[int]
+    state_slot: int
+    logits: LogitsRows = "last"
+
+
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    """N tokens of B sequences (all int64, on the model's device)."""
+
+    token_ids: torch.Tensor  # [N]
+    positions: torch.Tensor  # [N]
+    cu_seqlens: torch.Tensor  # [B+1]: sequence b owns rows cu_seqlens[b] .. cu_seqlens[b+1]
+    context_lens: torch.Tensor  # [B]: tokens in the KV cache once this step is stored
+    page_tables: torch.Tensor  # [B, max_pages], rows padded with page 0
+    slot_mapping: torch.Tensor  # [N]: flat KV slot (page * page_size + offset) of each token
+    state_slots: torch.Tensor  # [B]: GDN state slot of each sequence
+    logits_rows: torch.Tensor  # [R]: rows whose logits the caller needs, in segment order
+
+    @property
+    def num_tokens(self) -> int:
+        return self.token_ids.shape[0]
+
+    @classmethod
+    def build(cls, segments: Sequence[Segment], page_size: int,
+              device: torch.device | str) -> StepBatch:
+        """Host lists -> one tensor each, copied to `device` once."""
+        if not segments:
+            raise ValueError("a step needs at least one segment")
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        rows: list[int] = []
+        for seg in segments:
+            n, end = len(seg.token_ids), seg.start + len(seg.token_ids)
+            if n == 0 or len(seg.pages) * page_size < end:
+                raise ValueError(f"segment of {n} tokens at {seg.start} does not fit its "
+                                 f"{len(seg.pages)} pages of {page_size}")
+            first = len(tokens)
+            tokens.extend(seg.token_ids)
+            positions.extend(range(seg.start, end))
+            slots.extend(seg.pages[p // page_size] * page_size + p % page_size
+                         for p in range(seg.start, end))
+            if seg.logits == "all":
+                rows.extend(range(first, first + n))
+            elif seg.logits == "last":
+                rows.append(first + n - 1)
+        width = max(len(seg.pages) for seg in segments)
+        tables = [list(seg.pages) + [0] * (width - len(seg.pages)) for seg in segments]
+
+        def tensor(values: Sequence[int] | Sequence[Sequence[int]]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+
+        return cls(
+            token_ids=tensor(tokens),
+            positions=tensor(positions),
+            cu_seqlens=tensor([0, *accumulate(len(s.token_ids) for s in segments)]),
+            context_lens=tensor([s.start + len(s.token_ids) for s in segments]),
+            page_tables=tensor(tables),
+            slot_mapping=tensor(slots),
+            state_slots=tensor([s.state_slot for s in segments]),
+            logits_rows=tensor(rows),
+        )

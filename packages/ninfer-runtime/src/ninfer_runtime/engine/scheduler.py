@@ -1,0 +1,115 @@
+"""Which requests run, and what each computes, at every step. Pure Python: no tensors.
+
+Admission is by memory and strictly first come, first served: the request at the head of the
+queue starts once a state slot is free and the KV pool can reserve every page it may ever need
+(prompt + max_tokens); later requests wait behind it. Because the pages are reserved up front a
+running request never runs out of KV memory, so there is no preemption and no recomputation. A
+request that could not fit even in an empty engine is refused when it is added.
+
+Each step advances every running request: a decode-ready one by its last sampled token, a
+prefilling one by its next prompt chunk of at most `prefill_chunk` tokens. Both kinds go into
+one forward.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from ninfer_runtime.engine.kv_pool import KVPool
+from ninfer_runtime.engine.request import AdmissionError
+from ninfer_runtime.engine.request_state import RequestState
+from ninfer_runtime.engine.state_pool import StatePool
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """One running request's share of a step."""
+
+    state: RequestState
+    token_ids: list[int]
+    start: int  # position of the first token
+
+    @property
+    def prefill(self) -> bool:
+        """Whether these are prompt tokens (a chunk) rather than a decode token."""
+        return self.start < self.state.prompt_len
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step ends with a new token for the request (its logits are needed)."""
+        return self.start + len(self.token_ids) >= self.state.prompt_len
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    work: tuple[Work, ...]
+    admitted: tuple[RequestState, ...]  # requests whose first step this is
+
+    @property
+    def prefilling(self) -> int:
+        return sum(w.prefill for w in self.work)
+
+    @property
+    def decode_ready(self) -> int:
+        return len(self.work) - self.prefilling
+
+
+class Scheduler:
+    def __init__(self, max_concurrency: int, max_context: int, prefill_chunk: int,
+                 kv: KVPool, states: StatePool):
+        self.max_concurrency = max_concurrency
+        self.max_context = max_context
+        self.prefill_chunk = prefill_chunk
+        self.kv = kv
+        self.states = states
+        self.waiting: deque[RequestState] = deque()
+        self.running: dict[str, RequestState] = {}  # in admission order
+
+    def add(self, state: RequestState) -> None:
+        """Queue a request; AdmissionError if it can never run."""
+        rid = state.request_id
+        if rid in self.running or any(w.request_id == rid for w in self.waiting):
+            raise AdmissionError(f"request id {rid!r} is already in use")
+        if state.max_len > self.max_context:
+            raise AdmissionError(f"prompt ({state.prompt_len} tokens) + max_tokens "
+                                 f"({state.request.sampling.max_tokens}) exceeds the maximum "
+                                 f"context of {self.max_context} tokens")
+        if self.kv.pages_for(state.max_len) > self.kv.num_pages:
+            raise AdmissionError(f"prompt + max_tokens ({state.max_len} tokens) exceeds the "
+                                 f"KV pool of {self.kv.capacity} tokens")
+        self.waiting.append(state)
+
+    def schedule(self) -> Schedule:
+        """Admit what fits, then plan one step for every running request."""
+        admitted = []
+        while (self.waiting and len(self.running) < self.max_concurrency
+               and self.states.allocator.num_free
+               and self.kv.can_reserve(self.waiting[0].max_len)):
+            state = self.waiting.popleft()
+            state.pages = self.kv.reserve(state.max_len)
+            state.slot = self.states.allocate()
+            self.running[state.request_id] = state
+            admitted.append(state)
+        work = tuple(Work(s, s.next_tokens(self.prefill_chunk), s.num_computed)
+                     for s in self.running.values())
+        return Schedule(work, tuple(admitted))
+
+    def finish(self, request_id: str) -> RequestState | None:
+        """Drop a request, waiting or running, freeing its pages and slot at once. Returns it,
+        or None for an unknown (or already finished) id."""
+        state = self.running.pop(request_id, None)
+        if state is None:
+            for queued in self.waiting:
+                if queued.request_id == request_id:
+                    self.waiting.remove(queued)
+                    return queued
+            return None
+        self.kv.release(state.pages)
+        assert state.slot is not None
+        self.states.release(state.slot)
+        state.pages, state.slot = [], None
+        return state
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)

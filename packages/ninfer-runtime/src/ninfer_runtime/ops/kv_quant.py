@@ -1,0 +1,41 @@
+"""INT8 KV quantization: symmetric, one fp16 scale per group of 64 elements along head_dim.
+
+For each (token, head, group) of K or V: scale = absmax / 127 (rounded to fp16), q =
+round(x / scale) clamped to [-127, 127] (symmetric, -128 unused), x ~ q * scale. The values
+are quantized with the fp16-rounded scale, so the error of every element is at most scale / 2
+(fp16 rounding moves x / scale by at most 127 * 2^-11 < 0.5 past 127, so the clamp stays inside
+that bound). Dynamic at write time: no calibration. A group is min(64, head_dim) elements, so a
+small test model with head_dim 32 has one group per head.
+"""
+
+from __future__ import annotations
+
+import torch
+
+KV_GROUP = 64
+SCALE_DTYPE = torch.float16
+INT8_MAX = 127
+
+
+def kv_group_size(head_dim: int) -> int:
+    """Elements per scale for heads of `head_dim`."""
+    group = min(KV_GROUP, head_dim)
+    if head_dim % group:
+        raise ValueError(f"head_dim {head_dim} is not a multiple of the KV group {KV_GROUP}")
+    return group
+
+
+def quantize_int8(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., D] -> (int8 [..., D], fp16 scales [..., D // group])."""
+    grouped = x.float().unflatten(-1, (-1, group))  # [..., G, group]
+    scale = (grouped.abs().amax(-1) / INT8_MAX).to(SCALE_DTYPE)
+    # an all-zero group gets scale 0; dividing by 1 there keeps q = 0 instead of NaN
+    divisor = torch.where(scale > 0, scale.float(), 1.0)[..., None]
+    q = (grouped / divisor).round().clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q.flatten(-2), scale
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int8 [..., D] and scales [..., G] -> [..., D] in `dtype` (computed in fp32)."""
+    grouped = q.float().unflatten(-1, (scale.shape[-1], -1))
+    return (grouped * scale.float()[..., None]).flatten(-2).to(dtype)
