@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,11 @@ from safetensors.torch import load_file, save_file
 from ninfer_runtime.config import FULL_ATTENTION
 from ninfer_runtime.profiles import get_profile
 from ninfer_runtime.tokenizer import load_standin
+
+# Triton kernels are tested on CPU-only machines through Triton's interpreter, which must be
+# chosen before any kernel is defined: nothing imported above may import ninfer_runtime.ops.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 INDEX = "model.safetensors.index.json"
 

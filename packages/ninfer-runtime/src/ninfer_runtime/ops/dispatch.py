@@ -1,0 +1,40 @@
+"""Which implementation an op runs: the torch reference or its Triton kernel.
+
+`NINFER_OPS=auto` (default) runs a kernel when every tensor argument is on a CUDA device and
+Triton is importable; `ref` always runs the reference (the oracle, and a way to bisect a wrong
+result); `triton` always runs the kernel, which on a CPU-only machine needs TRITON_INTERPRET=1
+(how CI tests the kernels).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+import torch
+
+MODES = ("auto", "ref", "triton")
+
+
+@cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def ops_mode() -> str:
+    mode = os.environ.get("NINFER_OPS", "auto")
+    if mode not in MODES:
+        raise ValueError(f"NINFER_OPS={mode!r}; expected one of {', '.join(MODES)}")
+    return mode
+
+
+def use_triton(*tensors: torch.Tensor) -> bool:
+    """True when the op should launch its Triton kernel on these tensors."""
+    mode = ops_mode()
+    if mode == "ref" or not triton_available():
+        return False
+    return mode == "triton" or all(t.is_cuda for t in tensors)
