@@ -8,8 +8,8 @@ SOURCES := pyproject.toml $(wildcard packages/*/pyproject.toml) scripts/install.
 $(STAMP): $(SOURCES)
 	bash scripts/install.sh $(VENV)
 
-demo: $(STAMP)
-	$(PY) -m ninfer_convert.demo
+demo: $(STAMP)  # ninfer-serve on the embedded default model; DEMO_ARGS go to ninfer-serve
+	$(PY) -m ninfer_serve.demo $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check packages tests scripts

@@ -1,16 +1,27 @@
-"""Bad input and faults, with raw httpx: each case gets an OpenAI-shaped error with the right
-status, and the server then serves the next good request."""
+"""Bad input and faults on the real engine, with raw httpx: each case gets an OpenAI-shaped
+error with the right status, and the server then is healthy and serves the next good request."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
-from fake_engine import FAULT_TRIGGER, FakeEngine
-from serve_helpers import ENGINE_CONFIG, MODEL, Server, make_engine, start_server, wait_until
+from serve_helpers import (
+    ENGINE_CONFIG,
+    FAULT_TRIGGER,
+    MODEL,
+    Server,
+    faulty_engine,
+    pool_state,
+    real_engine,
+    start_server,
+    wait_until,
+)
 
+from ninfer_runtime.engine import EngineConfig
 from ninfer_serve import ServeConfig
 
 GOOD_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -29,6 +40,7 @@ def assert_error(response: httpx.Response, status: int, param: str | None = None
 
 
 def assert_serves(s: Server, headers: dict | None = None) -> None:
+    assert httpx.get(f"{s.url}/health").status_code == 200
     r = httpx.post(f"{s.api}/chat/completions", json=GOOD_CHAT, headers=headers, timeout=30)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["role"] == "assistant"
@@ -124,10 +136,43 @@ def test_queue_full_is_a_429(server: Server) -> None:
 
 # ---- servers with their own settings ----
 
+TIGHT = EngineConfig(max_context=2048, max_concurrency=1, max_queue=1, kv_capacity=1024,
+                     device="cpu")
+LONG = {**GOOD_CHAT, "max_tokens": 900, "ignore_eos": True, "stream": True}
+
+
 @pytest.fixture(scope="module")
-def guarded() -> Iterator[Server]:
+def tight(artifact: Path) -> Iterator[Server]:
+    """One request runs, one waits; the KV pool holds half a maximum context."""
+    with start_server(real_engine(artifact, TIGHT), ServeConfig(MODEL, TIGHT)) as s:
+        yield s
+
+
+def test_a_full_waiting_queue_is_a_429(tight: Server) -> None:
+    idle = tight.on_engine(pool_state)
+    url = f"{tight.api}/chat/completions"
+    with httpx.stream("POST", url, json=LONG) as running, httpx.stream("POST", url,
+                                                                        json=LONG) as waiting:
+        assert (running.status_code, waiting.status_code) == (200, 200)
+        wait_until(lambda: tight.on_engine(pool_state).waiting == 1, "a queued request")
+        error = assert_error(httpx.post(url, json=GOOD_CHAT), 429)
+        assert error["type"] == "rate_limit_error" and error["code"] == "queue_full"
+    # both clients left: their engine requests are aborted, the queue is empty again
+    wait_until(lambda: tight.on_engine(pool_state) == idle, "pool back to idle")
+    assert_serves(tight)
+
+
+def test_a_request_larger_than_the_kv_pool_is_a_400(tight: Server) -> None:
+    body = {**GOOD_CHAT, "max_tokens": 1500}  # within the context, beyond the KV pool
+    error = assert_error(httpx.post(f"{tight.api}/chat/completions", json=body), 400)
+    assert "KV pool" in error["message"]
+    assert_serves(tight)
+
+
+@pytest.fixture(scope="module")
+def guarded(artifact: Path) -> Iterator[Server]:
     config = ServeConfig(MODEL, ENGINE_CONFIG, api_key="s3cret", max_body_bytes=64 * 1024)
-    with start_server(make_engine, config) as s:
+    with start_server(real_engine(artifact), config) as s:
         yield s
 
 
@@ -163,12 +208,13 @@ def test_oversized_body_is_a_413(guarded: Server) -> None:
     assert_serves(guarded, KEY)
 
 
-def test_health_is_503_while_the_model_loads() -> None:
+def test_health_is_503_while_the_model_loads(artifact: Path) -> None:
     release = threading.Event()
+    load = real_engine(artifact)
 
-    def slow_engine() -> FakeEngine:
+    def slow_engine():
         release.wait(30)
-        return FakeEngine(ENGINE_CONFIG)
+        return load()
 
     with start_server(slow_engine, ServeConfig(MODEL, ENGINE_CONFIG), wait_ready=False) as s:
         assert_error(httpx.get(f"{s.url}/health"), 503)
@@ -181,7 +227,7 @@ def test_health_is_503_while_the_model_loads() -> None:
 
 
 def test_failed_load_reports_why() -> None:
-    def broken() -> FakeEngine:
+    def broken():
         raise OSError("artifact is truncated")
 
     with start_server(broken, ServeConfig(MODEL, ENGINE_CONFIG), wait_ready=False) as s:
@@ -191,11 +237,18 @@ def test_failed_load_reports_why() -> None:
         assert "truncated" in error["message"]
 
 
+@pytest.fixture(scope="module")
+def faulty(artifact: Path) -> Iterator[Server]:
+    with start_server(faulty_engine(artifact), ServeConfig(MODEL, ENGINE_CONFIG)) as s:
+        yield s
+
+
 @pytest.mark.parametrize("stream", [False, True])
-def test_engine_fault_fails_the_request_not_the_server(scripted: Server, stream: bool) -> None:
+def test_engine_fault_fails_the_requests_not_the_server(faulty: Server, stream: bool) -> None:
+    idle = faulty.on_engine(pool_state)
     body = {**GOOD_CHAT, "messages": [{"role": "user", "content": FAULT_TRIGGER}],
             "stream": stream}
-    r = httpx.post(f"{scripted.api}/chat/completions", json=body)
+    r = httpx.post(f"{faulty.api}/chat/completions", json=body)
     if stream:
         assert r.status_code == 200
         events = [line for line in r.text.splitlines() if line.startswith("data: ")]
@@ -203,4 +256,5 @@ def test_engine_fault_fails_the_request_not_the_server(scripted: Server, stream:
         assert events[-1] == "data: [DONE]"
     else:
         assert "injected fault" in assert_error(r, 500)["message"]
-    assert_serves(scripted)
+    assert faulty.on_engine(pool_state) == idle  # the faulted request's pages and slot are free
+    assert_serves(faulty)

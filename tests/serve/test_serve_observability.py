@@ -1,11 +1,15 @@
-"""Metrics, interval records, tokenizer routes, and slots released by clients that leave."""
+"""Metrics, interval records, tokenizer routes, and slots released by clients that leave, on the
+real engine."""
 
 from __future__ import annotations
+
+import math
+import time
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serve_helpers import ENGINE_CONFIG, MODEL, Server, wait_until
+from serve_helpers import ENGINE_CONFIG, MODEL, PoolState, Server, pool_state, wait_until
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "count for me"}]}
 
@@ -51,19 +55,34 @@ def test_metrics_count_requests_tokens_and_latencies(server: Server) -> None:
     assert metric(after, "ninfer:num_requests_waiting") == 0
 
 
-def test_intervals(server: Server, scripted: Server) -> None:
-    for s in (server, scripted):
-        httpx.post(f"{s.api}/completions", json={"model": MODEL, "prompt": "Once",
-                                                 "max_tokens": 3})
-        r = httpx.get(f"{s.api}/ninfer/intervals")
-        assert r.status_code == 200 and r.json()["object"] == "list"
-        assert all(isinstance(record, dict) for record in r.json()["data"])
-        far = httpx.get(f"{s.api}/ninfer/intervals", params={"since": 1e12})
-        assert far.json()["data"] == []
-        assert httpx.get(f"{s.api}/ninfer/intervals",
-                         params={"since": "yesterday"}).status_code == 400
-    # the scripted engine records every second with activity
-    assert httpx.get(f"{scripted.api}/ninfer/intervals").json()["data"]
+INTERVAL_KEYS = {"start", "end", "computed_prefill_tokens", "committed_decode_tokens", "running",
+                 "prefilling", "decode_ready", "decode_rounds", "rows_per_round"}
+
+
+def test_intervals_record_the_engine_work(server: Server) -> None:
+    since = math.floor(time.time())
+    r = httpx.post(f"{server.api}/completions", json={"model": MODEL, "prompt": "Once",
+                                                      "max_tokens": 3, "ignore_eos": True})
+    prompt_tokens = r.json()["usage"]["prompt_tokens"]
+
+    def records() -> list[dict]:
+        response = httpx.get(f"{server.api}/ninfer/intervals", params={"since": since})
+        assert response.status_code == 200 and response.json()["object"] == "list"
+        return response.json()["data"]
+
+    # a record is returned once its second is over
+    wait_until(lambda: sum(x["committed_decode_tokens"] for x in records()) >= 3,
+               "the request's interval records")
+    data = records()
+    assert all(set(x) == INTERVAL_KEYS and x["end"] == x["start"] + 1 for x in data)
+    assert all(x["start"] >= since for x in data)
+    assert sum(x["computed_prefill_tokens"] for x in data) >= prompt_tokens
+    assert max(x["running"] for x in data) >= 1
+    assert all(x["decode_rounds"] == len(x["rows_per_round"]) for x in data)
+    assert httpx.get(f"{server.api}/ninfer/intervals", params={"since": 1e12}).json() == {
+        "object": "list", "data": []}
+    bad = httpx.get(f"{server.api}/ninfer/intervals", params={"since": "yesterday"})
+    assert bad.status_code == 400
 
 
 def test_tokenize_and_detokenize_round_trip(server: Server) -> None:
@@ -80,23 +99,33 @@ def _aborted(s: Server) -> float:
     return metric(scrape(s), "ninfer:request_success_total", finished_reason="abort")
 
 
-def test_stream_disconnect_releases_the_slot(server: Server) -> None:
-    aborted = _aborted(server)
+def _released(s: Server, idle: PoolState, aborted: float) -> None:
+    """The request was aborted, and the engine holds nothing for it any more: no running
+    request, every KV page and state slot free again."""
+    wait_until(lambda: _aborted(s) == aborted + 1, "abort of the left request")
+    wait_until(lambda: s.on_engine(pool_state) == idle, "pages and slot freed")
+    assert metric(scrape(s), "ninfer:num_requests_running") == 0
+
+
+def test_stream_disconnect_releases_the_slot_and_memory(server: Server) -> None:
+    idle, aborted = server.on_engine(pool_state), _aborted(server)
+    assert idle.running == 0 and idle.free_pages > 0
     body = {**CHAT, "stream": True, "ignore_eos": True, "max_tokens": 1900}
     with httpx.stream("POST", f"{server.api}/chat/completions", json=body) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         for _ in range(3):
             next(lines)
+        held = server.on_engine(pool_state)
+        assert held.running == 1 and held.free_pages < idle.free_pages
+        assert held.free_slots == idle.free_slots - 1
     # the connection is closed here, long before 1900 tokens
-    wait_until(lambda: _aborted(server) == aborted + 1, "abort of the left stream")
-    wait_until(lambda: metric(scrape(server), "ninfer:num_requests_running") == 0, "slot freed")
+    _released(server, idle, aborted)
 
 
-def test_non_stream_disconnect_releases_the_slot(server: Server) -> None:
-    aborted = _aborted(server)
+def test_non_stream_disconnect_releases_the_slot_and_memory(server: Server) -> None:
+    idle, aborted = server.on_engine(pool_state), _aborted(server)
     body = {**CHAT, "ignore_eos": True, "max_tokens": 1900}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.api}/chat/completions", json=body, timeout=0.3)
-    wait_until(lambda: _aborted(server) == aborted + 1, "abort of the left request")
-    wait_until(lambda: metric(scrape(server), "ninfer:num_requests_running") == 0, "slot freed")
+    _released(server, idle, aborted)

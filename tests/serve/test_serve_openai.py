@@ -1,12 +1,14 @@
 """End to end with the official `openai` client against a real uvicorn server.
 
-Tests on `server` assert what any engine must do (they run unchanged on the real engine);
-tests on `scripted` rely on FakeEngine's known replies (reasoning, tool calls, stop tokens).
+Tests on `server` run the real engine on the random-weight default model, so they assert what
+holds for any text (greedy determinism, counts, finish reasons, timings); tests on `scripted`
+rely on FakeEngine's known replies (reasoning, tool calls, stop tokens).
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
@@ -39,7 +41,7 @@ def prompt_tokens(s: Server, messages: list[dict], **kwargs: object) -> int:
     return r.json()["count"]
 
 
-# ---- any engine ----
+# ---- the real engine ----
 
 def test_models_lists_the_served_model(server: Server) -> None:
     models = client(server).models.list().data
@@ -47,23 +49,35 @@ def test_models_lists_the_served_model(server: Server) -> None:
 
 
 def test_chat_reports_usage_and_ninfer_record(server: Server) -> None:
+    start = time.perf_counter()
     r = client(server).chat.completions.create(model=MODEL, messages=USER, max_tokens=16,
-                                               **GREEDY)
+                                               extra_body={"ignore_eos": True}, **GREEDY)
+    elapsed = time.perf_counter() - start
     assert r.object == "chat.completion" and len(r.choices) == 1
-    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.choices[0].finish_reason == "length"
     assert r.usage.prompt_tokens == prompt_tokens(server, USER)
-    assert 1 <= r.usage.completion_tokens <= 16
+    assert r.usage.completion_tokens == 16
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     assert r.usage.prompt_tokens_details.cached_tokens >= 0
     record = r.model_extra["ninfer"]
     assert record["prompt_tokens"] == r.usage.prompt_tokens
     assert record["completion_tokens"] == r.usage.completion_tokens
     assert record["finish_reason"] == r.choices[0].finish_reason
-    assert set(record["timings"]) == {"queue_seconds", "prepare_seconds", "vision_seconds",
-                                      "prefill_seconds", "decode_seconds"}
-    assert set(record["spec"]) == {"drafted_tokens", "accepted_tokens", "rounds",
-                                   "accepted_per_position"}
-    assert record["computed_prefill_tokens"] + record["cached_prompt_tokens"] >= 1
+    timings = record["timings"]
+    assert set(timings) == {"queue_seconds", "prepare_seconds", "vision_seconds",
+                            "prefill_seconds", "decode_seconds"}
+    # the engine's phase times, measured: the prompt and 15 decode steps took time; queue,
+    # prefill (which includes preparing the first step) and decode follow one another inside
+    # what the client waited
+    assert timings["prefill_seconds"] > 0 and timings["decode_seconds"] > 0
+    assert 0 <= timings["prepare_seconds"] <= timings["prefill_seconds"]
+    assert timings["queue_seconds"] >= 0 and timings["vision_seconds"] == 0
+    assert timings["queue_seconds"] + timings["prefill_seconds"] + timings["decode_seconds"] \
+        <= elapsed
+    assert record["spec"] == {"drafted_tokens": 0, "accepted_tokens": 0, "rounds": 0,
+                              "accepted_per_position": []}
+    assert record["computed_prefill_tokens"] + record["cached_prompt_tokens"] == \
+        r.usage.prompt_tokens
 
 
 def test_chat_stream_matches_the_non_streamed_reply(server: Server) -> None:
@@ -126,11 +140,21 @@ def test_stop_string_cuts_the_text_before_it(server: Server, stream: bool) -> No
 
 
 def test_n_choices_with_a_seed(server: Server) -> None:
-    r = client(server).chat.completions.create(model=MODEL, messages=USER, n=3, seed=7,
-                                               max_tokens=8, temperature=0.8)
+    no_thinking = {"chat_template_kwargs": {"enable_thinking": False}}
+
+    def sample() -> openai.types.chat.ChatCompletion:
+        return client(server).chat.completions.create(
+            model=MODEL, messages=USER, n=3, seed=7, max_tokens=8, temperature=0.8,
+            extra_body={"ignore_eos": True, **no_thinking})
+
+    r = sample()
     assert [ch.index for ch in r.choices] == [0, 1, 2]
-    assert r.usage.prompt_tokens == prompt_tokens(server, USER)
+    assert r.usage.prompt_tokens == prompt_tokens(server, USER, **no_thinking)
+    assert r.usage.completion_tokens == 3 * 8
     assert r.model_extra["ninfer"]["completion_tokens"] == r.usage.completion_tokens
+    texts = [ch.message.content for ch in r.choices]
+    assert len(set(texts)) > 1  # each choice has its own seed (seed + index)
+    assert [ch.message.content for ch in sample().choices] == texts  # and they are reproducible
 
 
 def test_chat_logprobs(server: Server) -> None:
@@ -222,6 +246,17 @@ def test_stop_token_ids_end_generation(scripted: Server) -> None:
                                                 "chat_template_kwargs": {"enable_thinking": False}})
     assert r.choices[0].finish_reason == "stop"
     assert "You said" not in (r.choices[0].message.content or "")
+
+
+@pytest.mark.parametrize("skip, said", [(None, "ab"), (False, "a<|vision_pad|>b")])
+def test_special_tokens_are_left_out_unless_asked(scripted: Server, skip: bool | None,
+                                                  said: str) -> None:
+    extra: dict = {"chat_template_kwargs": {"enable_thinking": False}}
+    if skip is not None:
+        extra["skip_special_tokens"] = skip
+    r = client(scripted).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "a<|vision_pad|>b"}], extra_body=extra)
+    assert r.choices[0].message.content == f"You said: {said}"
 
 
 def test_completion_logprobs(server: Server) -> None:

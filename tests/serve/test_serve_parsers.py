@@ -9,7 +9,7 @@ import json
 import random
 
 import pytest
-from fake_engine import FakeEngine
+from fake_engine import standin_tokenizer
 
 from ninfer_runtime.engine.request import TokenLogprob
 from ninfer_serve.output import TextPipeline
@@ -169,7 +169,7 @@ def test_partial_suffix() -> None:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return FakeEngine().tokenizer
+    return standin_tokenizer()
 
 
 def test_pipeline_hides_stop_tokens_and_splits_multibyte_safely(tokenizer) -> None:

@@ -1,8 +1,8 @@
-"""The embedded default model and `make demo`.
+"""The embedded default model: what `ninfer-serve` serves without ARTIFACT (and `make demo`).
 
-The default model is the built-in `tiny_dense` profile with random weights (seed 0), converted
-to NVFP4 once and cached, so the demo and a bare `ninfer-serve` run the real path
-(convert -> .ninfer -> runtime) on any machine without a download. Its text is noise.
+It is the built-in `tiny_dense` profile with random weights (seed 0), converted to NVFP4 once and
+cached, so a bare `ninfer-serve` runs the real path (convert -> .ninfer -> runtime) on any machine
+without a download. Its text is noise. The demo itself is `python -m ninfer_serve.demo`.
 """
 
 from __future__ import annotations
@@ -29,21 +29,3 @@ def default_artifact(directory: Path | None = None) -> Path:
         source = open_source(DEFAULT_PROFILE, random_init=True, seed=0)
         build(source, path, BuildOptions(weights=DEFAULT_WEIGHTS))
     return path
-
-
-def main() -> None:
-    from ninfer_runtime import LLM
-
-    path = default_artifact(Path("out"))
-    llm = LLM(path, device="cpu")
-    messages = [{"role": "user", "content": "Write one sentence about the sea."}]
-    prompt = llm.tokenizer.apply_chat_template(messages, enable_thinking=False)
-    result = llm.generate(prompt, max_tokens=32, temperature=0.8, top_p=0.95, seed=0)
-    print(f"artifact: {path} ({DEFAULT_PROFILE}, {DEFAULT_WEIGHTS}, RANDOM weights: "
-          "the text below is noise, the path that made it is real)")
-    print(f"prompt:   {prompt!r}")
-    print(f"output:   {result.text!r}  [{len(result.token_ids)} tokens, {result.finish_reason}]")
-
-
-if __name__ == "__main__":
-    main()

@@ -109,10 +109,12 @@ async def intervals(state: State, since: float | None = None) -> dict:
 
 
 def create_app(config: ServeConfig, engine_factory: Callable[[], Engine], *,
-               on_load_error: Callable[[BaseException], Any] | None = None) -> FastAPI:
+               on_load_error: Callable[[BaseException], Any] | None = None,
+               on_ready: Callable[[], Any] | None = None) -> FastAPI:
     """The server app. The engine is built by `engine_factory` on the engine thread at startup;
-    `on_load_error` is called there if that fails (the CLI uses it to exit)."""
-    client = EngineClient(engine_factory, on_load_error)
+    `on_ready` is called there once it is built, `on_load_error` if that fails (the CLI uses them
+    to announce itself and to exit)."""
+    client = EngineClient(engine_factory, on_load_error, on_ready)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

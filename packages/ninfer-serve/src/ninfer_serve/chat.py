@@ -132,7 +132,9 @@ async def chat_completion(req: ChatRequest, state: ServerState, request: Request
     mode = start_mode(prompt)
     hidden = hidden_ids(engine, req)
     pipelines = [TextPipeline(tokenizer, stop=req.stop_strings(), hidden_ids=hidden,
-                              reasoning=mode, tools=tools) for _ in range(req.n)]
+                              reasoning=mode, tools=tools,
+                              skip_special_tokens=req.skip_special_tokens)
+                 for _ in range(req.n)]
     gen = await start_generation(state, prefix="chatcmpl", prompt_ids=prompt_ids,
                                  params=per_choice(params, req.n), pipelines=pipelines,
                                  arrival=arrival)

@@ -2,12 +2,15 @@
 
 Without ARTIFACT the embedded default model is served (built and cached on first use). The
 server listens at once; the model loads on the engine thread meanwhile (/health answers 503 until
-it is ready). If loading fails the process exits with status 1.
+it is ready). When both are done it logs a ready line with a curl command to try. If loading
+fails the process exits with status 1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +22,7 @@ from ninfer_runtime.engine.config import EngineConfig
 from ninfer_serve.app import create_app
 from ninfer_serve.client import Engine
 from ninfer_serve.config import MAX_BODY_BYTES, ServeConfig
+from ninfer_serve.ready import Readiness
 
 DEFAULT_MODEL_NAME = "ninfer-default"
 
@@ -37,6 +41,19 @@ def engine_factory(artifact: Path | None, config: EngineConfig) -> Callable[[], 
         return Engine.from_artifact(path, config)
 
     return build
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, reporting the port once its socket listens (port 0 picks one)."""
+
+    def __init__(self, config: uvicorn.Config, on_listening: Callable[[int], None]) -> None:
+        super().__init__(config)
+        self._on_listening = on_listening
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self._on_listening(self.servers[0].sockets[0].getsockname()[1])
 
 
 def _kv_capacity(_: click.Context, __: click.Parameter, value: str) -> int | str:
@@ -103,9 +120,14 @@ def main(artifact: Path | None, host: str, port: int, max_context: int, prefill_
         if server is not None:
             server.should_exit = True
 
-    app = create_app(config, engine_factory(artifact, engine_config), on_load_error=on_load_error)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
-    server.run()
+    readiness = Readiness(host, name, api_key=api_key is not None)
+    app = create_app(config, engine_factory(artifact, engine_config), on_load_error=on_load_error,
+                     on_ready=readiness.loaded)
+    server = _Server(uvicorn.Config(app, host=host, port=port, log_level=log_level),
+                     on_listening=readiness.listening)
+    # uvicorn re-raises the Ctrl-C it shut down on; for a server that is the normal end
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
     if load_errors:
         click.echo(f"ninfer-serve: the model failed to load: {load_errors[0]}", err=True)
         sys.exit(1)

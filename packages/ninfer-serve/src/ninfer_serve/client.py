@@ -70,9 +70,11 @@ class Load:
 
 class EngineClient:
     def __init__(self, engine_factory: Callable[[], Engine],
-                 on_load_error: Callable[[BaseException], None] | None = None) -> None:
+                 on_load_error: Callable[[BaseException], None] | None = None,
+                 on_ready: Callable[[], None] | None = None) -> None:
         self._factory = engine_factory
         self._on_load_error = on_load_error
+        self._on_ready = on_ready
         self._cond = threading.Condition()
         self._inbox: list[Callable[[Engine], None]] = []
         self._pending_adds = 0  # add commands posted, not yet applied
@@ -166,7 +168,9 @@ class EngineClient:
             return
         self.engine = engine
         self.state = "ready"
-        log.info("model loaded; serving")
+        log.info("model loaded")
+        if self._on_ready is not None:
+            self._on_ready()
         while True:
             with self._cond:
                 while not (self._inbox or self._stopping or engine.has_unfinished()):

@@ -88,7 +88,8 @@ async def completion(req: CompletionRequest, state: ServerState, request: Reques
         engine.generation_config), max_tokens=budget, vocab_size=vocab_size,
         logprobs=req.logprobs)
     hidden = hidden_ids(engine, req)
-    pipelines = [TextPipeline(tokenizer, stop=req.stop_strings(), hidden_ids=hidden)
+    pipelines = [TextPipeline(tokenizer, stop=req.stop_strings(), hidden_ids=hidden,
+                              skip_special_tokens=req.skip_special_tokens)
                  for _ in range(req.n)]
     gen = await start_generation(state, prefix="cmpl", prompt_ids=prompt_ids,
                                  params=per_choice(params, req.n), pipelines=pipelines,

@@ -36,14 +36,16 @@ class TextPipeline:
     """One choice's output text.
 
     `hidden_ids` (the stop tokens) never reach the text: the engine stops on them, and OpenAI
-    semantics leave the stop out. `reasoning` is where generation starts (None: no split, as
+    semantics leave the stop out. With `skip_special_tokens` the tokenizer's special tokens are
+    left out too. `reasoning` is where generation starts (None: no split, as
     for text completions); `tools` are the request's tool definitions (None: no parsing).
     """
 
     def __init__(self, tokenizer: Any, *, stop: tuple[str, ...], hidden_ids: Collection[int],
                  reasoning: StartMode | None = None,
-                 tools: Sequence[dict[str, Any]] | None = None) -> None:
-        self._detok = tokenizer.detokenizer()
+                 tools: Sequence[dict[str, Any]] | None = None,
+                 skip_special_tokens: bool = True) -> None:
+        self._detok = tokenizer.detokenizer(skip_special_tokens)
         self._hidden = frozenset(hidden_ids)
         self._stops = StopMatcher(stop)
         self._splitter = ReasoningSplitter(reasoning) if reasoning is not None else None

@@ -50,6 +50,9 @@ class SamplingRequest(_Model):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    # vLLM's default: special tokens (<|im_start|>, <|vision_pad|>, ...) are left out of the
+    # text; <think> and <tool_call> are not special, so the reasoning and tool parsers see them
+    skip_special_tokens: bool = True
 
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
