@@ -29,8 +29,8 @@ from ninfer_runtime.ops.conv import causal_conv1d_varlen
 from ninfer_runtime.ops.gdn import gated_delta_rule_varlen, gdn_gating
 from ninfer_runtime.ops.linear import linear
 from ninfer_runtime.ops.moe import moe_experts, route
-from ninfer_runtime.ops.norm import gated_rms_norm, rms_norm
-from ninfer_runtime.ops.rope import apply_rope, rope_cos_sin
+from ninfer_runtime.ops.norm import add_rms_norm, gated_rms_norm, rms_norm
+from ninfer_runtime.ops.rope import qk_norm_rope, rope_cos_sin
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [N, rotary_dim]
 
@@ -41,8 +41,7 @@ def gated_attention(x: torch.Tensor, w: AttentionWeights, kv: PagedKV, batch: St
     n, nq, nkv, hd = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q_gate, k, v = linear(x, w.qkv_proj).split([2 * nq * hd, nkv * hd, nkv * hd], dim=-1)
     q, gate = q_gate.reshape(n, nq, 2 * hd).chunk(2, dim=-1)  # per head: [q | gate]
-    q = apply_rope(rms_norm(q, w.q_norm, cfg.rms_norm_eps), *rope)
-    k = apply_rope(rms_norm(k.reshape(n, nkv, hd), w.k_norm, cfg.rms_norm_eps), *rope)
+    q, k = qk_norm_rope(q, k.reshape(n, nkv, hd), w.q_norm, w.k_norm, *rope, cfg.rms_norm_eps)
     store_kv(k, v.reshape(n, nkv, hd), kv.k, kv.v, kv.k_scale, kv.v_scale, batch.slot_mapping)
     out = paged_attention(q, kv.k, kv.v, kv.k_scale, kv.v_scale, batch.page_tables,
                           batch.cu_seqlens, batch.context_lens, hd**-0.5)
@@ -81,19 +80,28 @@ def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig) -> torch.Tensor
     return routed + torch.sigmoid(linear(x, w.shared_expert_gate)) * mlp(x, w.shared_expert)
 
 
-def decoder_layer(x: torch.Tensor, w: DecoderLayerWeights, cache: LayerCache,
-                  batch: StepBatch, rope: Rope, cfg: ModelConfig) -> torch.Tensor:
-    h = rms_norm(x, w.input_layernorm, cfg.rms_norm_eps)
+def decoder_layer(x: torch.Tensor, h: torch.Tensor | None, w: DecoderLayerWeights,
+                  cache: LayerCache, batch: StepBatch, rope: Rope,
+                  cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer on the residual stream x + h (h None: the stream is x alone).
+
+    Returns the stream as (x, h), the MLP output h not yet added, so that the next layer's
+    input norm adds it in the same pass (add_rms_norm); the sum is the one `x = x + h` makes.
+    """
+    eps = cfg.rms_norm_eps
+    if h is None:
+        h = rms_norm(x, w.input_layernorm, eps)
+    else:
+        x, h = add_rms_norm(x, h, w.input_layernorm, eps)
     if isinstance(w.mixer, AttentionWeights):
         assert isinstance(cache, PagedKV), "a full-attention layer needs a PagedKV cache"
         h = gated_attention(h, w.mixer, cache, batch, rope, cfg)
     else:
         assert isinstance(cache, GDNSlots), "a GDN layer needs a GDNSlots cache"
         h = gated_delta_net(h, w.mixer, cache, batch, cfg)
-    x = x + h
-    h = rms_norm(x, w.post_attention_layernorm, cfg.rms_norm_eps)
+    x, h = add_rms_norm(x, h, w.post_attention_layernorm, eps)
     h = sparse_moe(h, w.mlp, cfg) if isinstance(w.mlp, MoEWeights) else mlp(h, w.mlp)
-    return x + h
+    return x, h
 
 
 def run_layers(x: torch.Tensor, layers: Sequence[DecoderLayerWeights],
@@ -103,6 +111,7 @@ def run_layers(x: torch.Tensor, layers: Sequence[DecoderLayerWeights],
     if len(layers) != len(caches):
         raise ValueError(f"{len(caches)} layer caches for {len(layers)} layers")
     rope = rope_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta)
+    h = None
     for w, cache in zip(layers, caches, strict=True):
-        x = decoder_layer(x, w, cache, batch, rope, cfg)
-    return x
+        x, h = decoder_layer(x, h, w, cache, batch, rope, cfg)
+    return x if h is None else x + h

@@ -1,9 +1,28 @@
-"""RMSNorm variants of Qwen3.5: zero-centred (1 + w) everywhere, plain w in the GDN gated norm."""
+"""RMSNorm variants of Qwen3.5: zero-centred (1 + w) everywhere, plain w in the GDN gated norm.
+
+Each op has a torch reference (`*_ref`: the oracle, and what runs on CPU) and a Triton kernel;
+the public function picks one per call (ops.dispatch). The kernels do what the references do,
+rounding included: fp32 math, each intermediate the reference rounds to x.dtype rounded at the
+same point, so the two differ only by fp32 reduction order.
+
+A kernel program normalises a tile of rows [BLOCK_R, BLOCK_D]: one long row at H = 5120, many
+128-wide head rows in the GDN norm, so that every program moves a few KB and decode (a handful
+of rows) still spreads over several programs. Rows are addressed as (token, head) with separate
+strides, so head views cut out of a fused projection output are read in place, not copied.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from ninfer_runtime.ops.dispatch import use_triton
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only install: the references still run
+    triton = None
 
 
 def _normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -11,7 +30,7 @@ def _normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x) * (1 + w) over the last dim, in fp32, cast back to x.dtype.
 
     Qwen3.5 stores these weights zero-centred (initialised to 0), so the scale is 1 + w.
@@ -19,8 +38,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (_normalize(x, eps) * (1.0 + weight.float())).to(x.dtype)
 
 
-def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
-                   eps: float) -> torch.Tensor:
+def add_rms_norm_ref(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the next norm: (x + h, rms_norm(x + h)), the sum in x.dtype."""
+    x = x + h
+    return x, rms_norm_ref(x, weight, eps)
+
+
+def gated_rms_norm_ref(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> torch.Tensor:
     """The GDN output norm: (w * x / rms(x)) * silu(z) over the last dim (norm before gate).
 
     Unlike `rms_norm` the weight is plain (initialised to 1). The normalised x is rounded to
@@ -28,3 +54,166 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
     """
     normed = weight * _normalize(x, eps).to(x.dtype)
     return (normed * F.silu(z.float())).to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) * (1 + w) over the last dim of x [..., D] (see `rms_norm_ref`)."""
+    if not use_triton(x, weight):
+        return rms_norm_ref(x, weight, eps)
+    return _launch_rms_norm(_rows(x), None, weight, eps)[1].view(x.shape)
+
+
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + h, rms_norm(x + h, weight)) in one pass over x [..., D] and h (same shape): the
+    residual stream update and the norm that reads it (see `add_rms_norm_ref`)."""
+    if not use_triton(x, h, weight):
+        return add_rms_norm_ref(x, h, weight, eps)
+    if x.shape != h.shape:
+        raise ValueError(f"add_rms_norm: x {tuple(x.shape)} and h {tuple(h.shape)} differ")
+    residual, out = _launch_rms_norm(_rows(x), _rows(h), weight, eps)
+    return residual.view(x.shape), out.view(x.shape)
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    """(w * x / rms(x)) * silu(z) over the last dim of x, z [..., D] (see
+    `gated_rms_norm_ref`)."""
+    if not use_triton(x, z, weight):
+        return gated_rms_norm_ref(x, z, weight, eps)
+    if x.shape != z.shape:
+        raise ValueError(f"gated_rms_norm: x {tuple(x.shape)} and z {tuple(z.shape)} differ")
+    return _launch_gated_rms_norm(_rows(x), _rows(z), weight, eps).view(x.shape)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] as a [T, heads, D] view (a copy only when no such view exists)."""
+    if x.dim() == 3:
+        return x
+    if x.dim() == 2:
+        return x[:, None, :]
+    return x.reshape(-1, 1, x.shape[-1])
+
+
+def row_tile(n_rows: int, d: int) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_D, num_warps) for a row kernel over n_rows rows of d elements.
+
+    About 4K elements per program (16 per thread: two 16-byte loads of bf16), fewer rows when
+    there are few, so that decode still gets several programs; a long row gets one program of
+    up to 16 warps. A fixed rule rather than autotuning: these kernels are memory-bound and the
+    row counts vary every step, which would re-tune at serving time.
+    """
+    block_d = triton.next_power_of_2(d)
+    spread = triton.next_power_of_2(triton.cdiv(n_rows, 64))  # rows that keep ~64 programs
+    block_r = max(1, min(4096 // block_d, spread))
+    num_warps = max(1, min(16, block_r * block_d // 512))
+    return block_r, block_d, num_warps
+
+
+def check_rows(name: str, t: torch.Tensor) -> None:
+    """Launcher precondition: a [T, heads, D] view with unit stride along D."""
+    assert t.dim() == 3 and t.stride(2) == 1, \
+        f"{name}: need [T, heads, D] with contiguous D, got {tuple(t.shape)} {t.stride()}"
+
+
+if triton is not None:
+
+    @triton.jit
+    def row_offsets(rows, heads, stride_t, stride_h):
+        """Element offset of each flat row (token * heads + head) of a [T, heads, D] view."""
+        token, head = rows // heads, rows % heads
+        return token.to(tl.int64) * stride_t + head.to(tl.int64) * stride_h
+
+    @triton.jit
+    def inv_rms(x, D: tl.constexpr, eps):
+        """1 / rms over axis 1 of a fp32 tile whose padding columns hold zeros."""
+        return tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+
+    @triton.jit
+    def _rms_norm_kernel(x_ptr, h_ptr, res_ptr, w_ptr, out_ptr, n_rows, heads,
+                         x_st, x_sh, h_st, h_sh, eps, D: tl.constexpr,
+                         HAS_RESIDUAL: tl.constexpr, BLOCK_R: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.arange(0, BLOCK_D)
+        mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
+        dst = rows.to(tl.int64)[:, None] * D + cols[None, :]
+        x = tl.load(x_ptr + row_offsets(rows, heads, x_st, x_sh)[:, None] + cols[None, :],
+                    mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            h = tl.load(h_ptr + row_offsets(rows, heads, h_st, h_sh)[:, None] + cols[None, :],
+                        mask=mask, other=0.0)
+            x = (x + h.to(tl.float32)).to(res_ptr.dtype.element_ty)  # the stream's dtype
+            tl.store(res_ptr + dst, x, mask=mask)
+            x = x.to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+        y = x * inv_rms(x, D, eps)[:, None] * (1.0 + w)[None, :]
+        tl.store(out_ptr + dst, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, n_rows, heads,
+                               x_st, x_sh, z_st, z_sh, eps, D: tl.constexpr,
+                               ROUND_PRODUCT: tl.constexpr, BLOCK_R: tl.constexpr,
+                               BLOCK_D: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.arange(0, BLOCK_D)
+        mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
+        dtype = out_ptr.dtype.element_ty
+        x = tl.load(x_ptr + row_offsets(rows, heads, x_st, x_sh)[:, None] + cols[None, :],
+                    mask=mask, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + row_offsets(rows, heads, z_st, z_sh)[:, None] + cols[None, :],
+                    mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+        normed = (x * inv_rms(x, D, eps)[:, None]).to(dtype).to(tl.float32)
+        y = w[None, :] * normed
+        if ROUND_PRODUCT:  # w and x share a dtype: the reference's product is in it
+            y = y.to(dtype).to(tl.float32)
+        y = y * (z / (1.0 + tl.exp(-z)))
+        dst = rows.to(tl.int64)[:, None] * D + cols[None, :]
+        tl.store(out_ptr + dst, y.to(dtype), mask=mask)
+
+
+def _launch_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """x, h [T, heads, D] views -> (x + h or None, normed), both contiguous [T, heads, D]."""
+    check_rows("rms_norm x", x)
+    t, heads, d = x.shape
+    assert weight.shape == (d,) and weight.is_contiguous(), f"rms_norm weight {weight.shape}"
+    residual = None
+    if h is not None:
+        check_rows("add_rms_norm h", h)
+        assert h.shape == x.shape and h.dtype == x.dtype, f"add_rms_norm h {h.shape} {h.dtype}"
+        residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n_rows = t * heads
+    if n_rows == 0:
+        return residual, out
+    block_r, block_d, num_warps = row_tile(n_rows, d)
+    h_strides = (h.stride(0), h.stride(1)) if h is not None else (0, 0)
+    _rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
+        x, h if h is not None else x, residual if residual is not None else out, weight, out,
+        n_rows, heads, x.stride(0), x.stride(1), *h_strides, eps, D=d,
+        HAS_RESIDUAL=h is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps)
+    return residual, out
+
+
+def _launch_gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> torch.Tensor:
+    """x, z [T, heads, D] views -> contiguous [T, heads, D] in x.dtype."""
+    check_rows("gated_rms_norm x", x)
+    check_rows("gated_rms_norm z", z)
+    t, heads, d = x.shape
+    assert z.shape == x.shape, f"gated_rms_norm z {z.shape} vs x {x.shape}"
+    assert weight.shape == (d,) and weight.is_contiguous(), f"gated_rms_norm weight {weight.shape}"
+    product = torch.promote_types(weight.dtype, x.dtype)
+    assert product in (x.dtype, torch.float32), f"gated_rms_norm weight dtype {weight.dtype}"
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n_rows = t * heads
+    if n_rows == 0:
+        return out
+    block_r, block_d, num_warps = row_tile(n_rows, d)
+    _gated_rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
+        x, z, weight, out, n_rows, heads, x.stride(0), x.stride(1), z.stride(0), z.stride(1),
+        eps, D=d, ROUND_PRODUCT=product == x.dtype, BLOCK_R=block_r, BLOCK_D=block_d,
+        num_warps=num_warps)
+    return out

@@ -1,0 +1,73 @@
+"""The fused q/k norm + partial RoPE kernel against its torch reference (rms_norm_ref then
+apply_rope), on q and k cut from a fused qkv projection output as gated attention does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer_runtime.ops.norm import rms_norm_ref
+from ninfer_runtime.ops.rope import qk_norm_rope, qk_norm_rope_ref, rope_cos_sin
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.bfloat16, torch.float32] if DEVICE == "cuda" else [torch.float16, torch.float32]
+
+
+@pytest.fixture(autouse=True)
+def kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NINFER_OPS", "triton")
+
+
+def rand(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    t = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    return t.to(DEVICE, dtype)
+
+
+def check(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """fp32 to 1e-5; half types within one rounding step, at most 1% of elements off."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    if expected.dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+        return
+    step = 2.0 ** -(8 if expected.dtype == torch.bfloat16 else 11)
+    torch.testing.assert_close(actual, expected, rtol=2 * step, atol=2 * step)
+    assert (actual != expected).float().mean() <= 0.01
+
+
+def projected_qk(t: int, nq: int, nkv: int, hd: int,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [t, nq, hd] and k [t, nkv, hd] as views into one [t, nq*2*hd + 2*nkv*hd] output."""
+    qkv = rand(t, 2 * nq * hd + 2 * nkv * hd, dtype=dtype) * 2
+    q_gate, k, _ = qkv.split([2 * nq * hd, nkv * hd, nkv * hd], dim=-1)
+    return q_gate.reshape(t, nq, 2 * hd)[..., :hd], k.reshape(t, nkv, hd)
+
+
+# (tokens, nq, nkv, head_dim, rotary_dim): decode at the real head shape, a prompt chunk with
+# many rows per program, a head_dim that is not a power of two
+CASES = [(1, 24, 4, 256, 64), (37, 4, 2, 64, 16), (5, 3, 1, 48, 12)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_qk_norm_rope(case: tuple[int, int, int, int, int], dtype: torch.dtype) -> None:
+    t, nq, nkv, hd, rot = case
+    q, k = projected_qk(t, nq, nkv, hd, dtype)
+    qw, kw = rand(hd, seed=1, dtype=dtype) * 0.1, rand(hd, seed=2, dtype=dtype) * 0.1
+    positions = torch.randint(0, 300_000, (t,), generator=torch.Generator().manual_seed(3))
+    cos, sin = rope_cos_sin(positions.to(DEVICE), rot, 1e7)
+    q_out, k_out = qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6)
+    q_ref, k_ref = qk_norm_rope_ref(q, k, qw, kw, cos, sin, 1e-6)
+    check(q_out, q_ref)
+    check(k_out, k_ref)
+    assert q_out.is_contiguous() and k_out.is_contiguous()
+    # past rotary_dim the kernel stores the norm output itself
+    check(q_out[..., rot:], rms_norm_ref(q, qw, 1e-6)[..., rot:])
+
+
+def test_position_zero_is_the_plain_norm() -> None:
+    q, k = projected_qk(3, 2, 1, 32, torch.float32)
+    cos, sin = rope_cos_sin(torch.zeros(3, dtype=torch.int64, device=DEVICE), 8, 1e7)
+    w = rand(32, seed=1)
+    q_out, k_out = qk_norm_rope(q, k, w, w, cos, sin, 1e-6)
+    check(q_out, rms_norm_ref(q, w, 1e-6))
+    check(k_out, rms_norm_ref(k, w, 1e-6))
