@@ -6,16 +6,46 @@ The cache of one full-attention layer is two tensors [num_pages, page_size, nkv,
 (its page table row); its token at position p lives in page page_table[p // page_size] at
 offset p % page_size. The flat slot of a token is page * page_size + offset.
 
-The sigmoid output gate of Qwen3.5's gated attention is applied by the caller (it is an
-elementwise multiply on the output), so these ops are plain softmax attention.
+The sigmoid output gate of Qwen3.5's gated attention is an elementwise multiply on the output:
+`paged_attention` applies it when given (`gate`), which the kernel does in its epilogue for free.
+
+Kernels (CUDA, or NINFER_OPS=triton): `store_kv` quantizes and scatters every token's K and V in
+one launch. `paged_attention` is one FlashAttention-2-style kernel for decode rows, prompt chunks
+and mixed batches: a program takes a block of query tokens of one sequence times all q heads
+of one kv head (GQA packed into the rows, so each K/V tile is read and dequantized once for
+the group), walks that sequence's pages in tiles with an online softmax, and dequantizes int8
+tiles in registers. When the grid would be too small to fill the GPU (decode, short chunks),
+each block's context is split over several programs (flash-decoding) whose partial results a
+second kernel merges. Launch shapes depend only on tensor shapes (nothing is read back to the
+host), so both kernels can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from functools import cache
+
 import torch
 import torch.nn.functional as F
 
+from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.ops.kv_quant import dequantize_int8, quantize_int8
+
+try:
+    import triton
+    import triton.language as tl
+
+    from ninfer_runtime.ops.kv_quant import dequantize_int8_tile, quantize_int8_tile
+except ImportError:  # the torch references need no Triton
+    triton = None
+
+LOG2E = 1.4426950408889634
+DECODE_BLOCK_M = 16  # fewest rows tl.dot takes; decode packs one token's q heads into them
+PREFILL_BLOCK_M = 128  # rows (tokens x q heads of a kv head) per program for prompt chunks
+MAX_SPLITS = 64  # context splits per query block (a power of two)
+MIN_SPLIT_TOKENS = 256  # fewer keys than this per split cost more in merging than they save
+WAVES = 2  # programs to aim for, per multiprocessor, before splitting stops
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -46,14 +76,25 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
              slot_mapping: torch.Tensor) -> None:
     """Writes k, v [N, nkv, d] into the caches at the flat slots slot_mapping [N] (int64).
 
-    With scales (int8 caches) the values are quantized per group on the way in.
+    With scales (int8 caches) the values are quantized per group on the way in. The kernel
+    skips negative slots (padding rows of a captured graph); the reference takes none.
     """
-    for x, cache, scales in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
-        flat = cache.view(-1, *cache.shape[2:])  # [num_pages * page_size, nkv, d]
+    if use_triton(k, v, k_cache, slot_mapping) and k.shape[-1] == _pow2(k.shape[-1]):
+        _store_kv_triton(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)
+        return
+    store_kv_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)
+
+
+def store_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
+                 slot_mapping: torch.Tensor) -> None:
+    """The torch reference of `store_kv`."""
+    for x, cache_, scales in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        flat = cache_.view(-1, *cache_.shape[2:])  # [num_pages * page_size, nkv, d]
         if scales is None:
-            flat.index_copy_(0, slot_mapping, x.to(cache.dtype))
+            flat.index_copy_(0, slot_mapping, x.to(cache_.dtype))
             continue
-        q, s = quantize_int8(x, cache.shape[-1] // scales.shape[-1])
+        q, s = quantize_int8(x, cache_.shape[-1] // scales.shape[-1])
         flat.index_copy_(0, slot_mapping, q)
         scales.view(-1, *scales.shape[2:]).index_copy_(0, slot_mapping, s)
 
@@ -71,17 +112,32 @@ def gather_kv(cache: torch.Tensor, scales: torch.Tensor | None, pages: torch.Ten
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
                     page_tables: torch.Tensor, cu_seqlens: torch.Tensor,
-                    context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                    context_lens: torch.Tensor, scale: float,
+                    gate: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of B sequences' new queries over their paged keys and values.
 
     q [N, nq, d] holds the sequences' queries back to back: sequence b owns rows
     cu_seqlens[b] .. cu_seqlens[b+1] ([B+1]), the last positions of its context_lens[b] ([B])
     tokens, whose K/V (these positions included) are already stored in the pages of
-    page_tables[b] ([B, max_pages], unused entries arbitrary). Returns [N, nq, d] in q.dtype.
+    page_tables[b] ([B, max_pages], unused entries arbitrary). With `gate` [N, nq, d] the
+    result is multiplied by sigmoid(gate). Returns [N, nq, d] in q.dtype.
     """
+    if use_triton(q, k_cache, page_tables, cu_seqlens, context_lens) and _kernel_fits(q, k_cache):
+        return _paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, page_tables,
+                                       cu_seqlens, context_lens, scale, gate)
+    return paged_attention_ref(q, k_cache, v_cache, k_scale, v_scale, page_tables, cu_seqlens,
+                               context_lens, scale, gate)
+
+
+def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
+                        page_tables: torch.Tensor, cu_seqlens: torch.Tensor,
+                        context_lens: torch.Tensor, scale: float,
+                        gate: torch.Tensor | None = None) -> torch.Tensor:
+    """The torch reference of `paged_attention`: gathers and dequantizes each sequence."""
     page_size = k_cache.shape[1]
     out = torch.empty_like(q)
-    # NOTE: the reference reads the segment bounds on the host (a sync on a GPU); a kernel
+    # NOTE: the reference reads the segment bounds on the host (a sync on a GPU); the kernel
     # takes the tensors as they are.
     bounds, lengths = cu_seqlens.tolist(), context_lens.tolist()
     for b, length in enumerate(lengths):
@@ -90,4 +146,336 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k = gather_kv(k_cache, k_scale, pages, length, q.dtype)
         v = gather_kv(v_cache, v_scale, pages, length, q.dtype)
         out[lo:hi] = causal_attention(q[lo:hi], k, v, scale)
+    return out if gate is None else out * torch.sigmoid(gate)
+
+
+# --- Triton kernels -----------------------------------------------------------------------
+
+
+def _pow2(n: int) -> int:
+    """The smallest power of two >= n (n >= 1)."""
+    return 1 << (n - 1).bit_length()
+
+
+def _kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Shapes the attention kernel takes (aranges need powers of two; tl.dot needs >= 16)."""
+    d, nq, nkv = q.shape[-1], q.shape[1], k_cache.shape[2]
+    return (d >= 16 and d == _pow2(d) and nq % nkv == 0
+            and q.dtype in (torch.float16, torch.bfloat16, torch.float32))
+
+
+@cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1  # the interpreter: no parallelism to fill
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@dataclass(frozen=True)
+class _AttentionPlan:
+    """How one paged_attention call is launched: rows per program, query tokens per program
+    (block_q), programs along the token axis, and context splits per query block."""
+
+    block_m: int
+    block_q: int
+    num_blocks: int
+    num_splits: int
+
+
+def _plan(num_tokens: int, num_seqs: int, group: int, nkv: int, device: torch.device,
+          num_splits: int | None = None) -> _AttentionPlan:
+    """Chooses the launch from shapes alone (no device read-back).
+
+    A segment has at most num_tokens - num_seqs + 1 queries, so a pure decode step (N == B)
+    gets one token per program in the smallest tile. Sequence b's query blocks start at
+    program (cu_seqlens[b] - b) // block_q + b: this leaves room for every sequence's
+    ceil(len / block_q) blocks whatever the lengths, and totals exactly B blocks for decode.
+    """
+    longest = num_tokens - num_seqs + 1
+    block_m = max(DECODE_BLOCK_M, _pow2(group), min(PREFILL_BLOCK_M, _pow2(longest * group)))
+    block_q = block_m // group
+    num_blocks = (num_tokens - num_seqs) // block_q + num_seqs
+    if num_splits is None:
+        num_splits = 1
+        target = WAVES * _num_sms(device)
+        while num_splits < MAX_SPLITS and num_blocks * nkv * num_splits < target:
+            num_splits *= 2
+    return _AttentionPlan(block_m, block_q, num_blocks, num_splits)
+
+
+# (BLOCK_N, num_warps, num_stages) candidates. Compiled offline for sm_90 (head_dim 256, INT8
+# KV) none spills registers on 16-row decode tiles; 128-row prompt tiles need 8 warps (with 4
+# they spill kilobytes), which _prune_configs enforces.
+_TUNE_SPACE = ((32, 8, 3), (32, 4, 2), (32, 4, 3), (64, 8, 2), (16, 8, 3))
+
+
+def _configs() -> list[triton.Config]:
+    """Autotuning candidates; the interpreter gets one (it is slow and has nothing to tune)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return [triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in _TUNE_SPACE]
+
+
+def _prune_configs(configs: list[triton.Config], named_args: dict,
+                   **kwargs: object) -> list[triton.Config]:
+    """At least one warp per 16 rows of the tile (fewer run out of registers)."""
+    return [c for c in configs if c.num_warps * 16 >= kwargs["BLOCK_M"]] or configs
+
+
+if triton is not None:
+
+    @triton.jit
+    def _store_one(x, stride_xt, stride_xh, cache_, scales, slot, t, num_heads,
+                   HEADS: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr,
+                   QUANT: tl.constexpr):
+        """Token t's [heads, d] of x into `slot` of the cache (contiguous: slot stride is
+        heads * d), quantized per group when QUANT."""
+        h = tl.arange(0, HEADS)[:, None, None]
+        d = tl.arange(0, GROUPS)[None, :, None] * GROUP + tl.arange(0, GROUP)[None, None, :]
+        mask = h < num_heads
+        val = tl.load(x + t * stride_xt + h * stride_xh + d, mask=mask, other=0.0)
+        dst = cache_ + slot * num_heads * GROUPS * GROUP + h * GROUPS * GROUP + d
+        if QUANT:
+            qv, s = quantize_int8_tile(val.to(tl.float32))
+            tl.store(dst, qv, mask=mask)
+            g = tl.arange(0, GROUPS)[None, :]
+            hh = tl.arange(0, HEADS)[:, None]
+            tl.store(scales + slot * num_heads * GROUPS + hh * GROUPS + g, s, mask=hh < num_heads)
+        else:
+            tl.store(dst, val.to(cache_.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _store_kv_kernel(k, v, stride_kt, stride_kh, stride_vt, stride_vh,
+                         k_cache, v_cache, k_scale, v_scale, slot_mapping, num_heads,
+                         HEADS: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr,
+                         QUANT: tl.constexpr):
+        """One program per token: its K and V rows, all heads, into their slot."""
+        t = tl.program_id(0).to(tl.int64)
+        slot = tl.load(slot_mapping + t)
+        if slot < 0:
+            return
+        _store_one(k, stride_kt, stride_kh, k_cache, k_scale, slot, t, num_heads,
+                   HEADS, GROUPS, GROUP, QUANT)
+        _store_one(v, stride_vt, stride_vh, v_cache, v_scale, slot, t, num_heads,
+                   HEADS, GROUPS, GROUP, QUANT)
+
+    @triton.jit
+    def _kv_tile(cache_, scales, slots, mask, head, num_heads, OUT_DTYPE: tl.constexpr,
+                 BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
+                 QUANT: tl.constexpr):
+        """Head `head` of the tokens in `slots` [BLOCK_N] as [BLOCK_N, HEAD_DIM] OUT_DTYPE,
+        dequantized in registers when QUANT (masked tokens read as 0)."""
+        GROUPS: tl.constexpr = HEAD_DIM // GROUP
+        if QUANT:
+            g = tl.arange(0, GROUPS)
+            d = g[None, :, None] * GROUP + tl.arange(0, GROUP)[None, None, :]
+            row = slots[:, None, None] * num_heads * HEAD_DIM + head * HEAD_DIM
+            x = tl.load(cache_ + row + d, mask=mask[:, None, None], other=0)
+            s = tl.load(scales + slots[:, None] * num_heads * GROUPS + head * GROUPS
+                        + g[None, :], mask=mask[:, None], other=0.0)
+            x = tl.reshape(dequantize_int8_tile(x, s), (BLOCK_N, HEAD_DIM))
+        else:
+            d = tl.arange(0, HEAD_DIM)
+            x = tl.load(cache_ + slots[:, None] * num_heads * HEAD_DIM + head * HEAD_DIM
+                        + d[None, :], mask=mask[:, None], other=0.0)
+        return x.to(OUT_DTYPE)
+
+    @triton.jit
+    def _find_sequence(cu_seqlens, block, num_seqs, BLOCK_Q: tl.constexpr):
+        """The sequence whose query blocks include program `block`: the last b with
+        (cu_seqlens[b] - b) // BLOCK_Q + b <= block (binary search; see _plan)."""
+        lo: tl.int32 = 0
+        hi = num_seqs - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if (tl.load(cu_seqlens + mid) - mid) // BLOCK_Q + mid <= block:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    @triton.autotune(configs=_configs(),
+                     key=["BLOCK_M", "GROUP_HEADS", "HEAD_DIM", "QUANT", "NUM_SPLITS"],
+                     prune_configs_by={"early_config_prune": _prune_configs})
+    @triton.jit
+    def _paged_attention_kernel(
+        q, stride_qt, stride_qh, k_cache, v_cache, k_scale, v_scale,
+        page_tables, stride_pt, cu_seqlens, context_lens, num_seqs, num_kv_heads, qk_scale,
+        out, stride_ot, stride_oh, gate, stride_gt, stride_gh, part_out, part_lse,
+        min_split_tokens,
+        GROUP_HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
+        NUM_SPLITS: tl.constexpr, QUANT: tl.constexpr, HAS_GATE: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        """Program (block, kv head, split): rows r of the tile are query token r // GROUP_HEADS
+        of the block and q head kv_head * GROUP_HEADS + r % GROUP_HEADS."""
+        BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_HEADS
+        block = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
+        seq = _find_sequence(cu_seqlens, block, num_seqs, BLOCK_Q)
+        seq_start = tl.load(cu_seqlens + seq)
+        seq_end = tl.load(cu_seqlens + seq + 1)
+        first = seq_start + (block - (seq_start - seq) // BLOCK_Q - seq) * BLOCK_Q
+        if first >= seq_end:
+            return  # spare program: this sequence has fewer blocks than the grid leaves room for
+        context = tl.load(context_lens + seq)
+
+        rows = tl.arange(0, BLOCK_M)
+        tok = first + rows // GROUP_HEADS  # [BLOCK_M] query token (row of q)
+        head = kv_head * GROUP_HEADS + rows % GROUP_HEADS
+        valid = (rows < BLOCK_Q * GROUP_HEADS) & (tok < seq_end)
+        pos = context - (seq_end - tok)  # each row's position: it sees keys 0 .. pos
+        kv_end = context - (seq_end - tl.minimum(first + BLOCK_Q, seq_end))
+        if NUM_SPLITS == 1:
+            kv_lo = 0
+            kv_hi = kv_end
+        else:
+            split_len = tl.maximum(tl.cdiv(kv_end, NUM_SPLITS), min_split_tokens)
+            split_len = tl.cdiv(split_len, BLOCK_N) * BLOCK_N
+            kv_lo = split * split_len
+            kv_hi = tl.minimum(kv_lo + split_len, kv_end)
+
+        d = tl.arange(0, HEAD_DIM)
+        qt = tl.load(q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                     mask=valid[:, None], other=0.0)
+        page_row = page_tables + seq * stride_pt
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        for start in range(kv_lo, kv_hi, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            in_range = n < kv_hi
+            page = tl.load(page_row + n // PAGE_SIZE, mask=in_range, other=0)
+            slots = page * PAGE_SIZE + n % PAGE_SIZE
+            kt = _kv_tile(k_cache, k_scale, slots, in_range, kv_head, num_kv_heads,
+                          q.dtype.element_ty, BLOCK_N, HEAD_DIM, GROUP, QUANT)
+            s = tl.dot(qt, tl.trans(kt), input_precision=DOT_PRECISION) * qk_scale
+            seen = in_range[None, :] & (n[None, :] <= pos[:, None])
+            s = tl.where(seen, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a row with nothing visible yet keeps m = -inf; subtracting 0 keeps exp2 at 0
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            vt = _kv_tile(v_cache, v_scale, slots, in_range, kv_head, num_kv_heads,
+                          q.dtype.element_ty, BLOCK_N, HEAD_DIM, GROUP, QUANT)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt,
+                                                input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        if NUM_SPLITS == 1:
+            o = acc / l_i[:, None]
+            if HAS_GATE:
+                g = tl.load(gate + tok[:, None] * stride_gt + head[:, None] * stride_gh
+                            + d[None, :], mask=valid[:, None], other=0.0)
+                o = o * tl.sigmoid(g.to(tl.float32))
+            tl.store(out + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                     o.to(out.dtype.element_ty), mask=valid[:, None])
+        else:
+            # partials [N, nq, NUM_SPLITS, (HEAD_DIM)]: the split's normalized output and its
+            # log2-sum-exp2 (-inf for a split that saw nothing)
+            part = (tok * (num_kv_heads * GROUP_HEADS) + head) * NUM_SPLITS + split
+            seen_any = l_i > 0
+            lse = tl.where(seen_any, m_i + tl.log2(tl.where(seen_any, l_i, 1.0)), float("-inf"))
+            o = acc / tl.where(seen_any, l_i, 1.0)[:, None]
+            tl.store(part_lse + part, lse, mask=valid)
+            tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=valid[:, None])
+
+    @triton.jit
+    def _merge_splits_kernel(part_out, part_lse, out, stride_ot, stride_oh, gate, stride_gt,
+                             stride_gh, num_heads, NUM_SPLITS: tl.constexpr,
+                             HEAD_DIM: tl.constexpr, HAS_GATE: tl.constexpr):
+        """Program (token, head): the splits' outputs weighted by their share of the softmax."""
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        part = (t * num_heads + h) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
+        d = tl.arange(0, HEAD_DIM)
+        lse = tl.load(part_lse + part)
+        w = tl.exp2(lse - tl.max(lse, 0))  # split 0 always sees key 0, so the max is finite
+        o = tl.load(part_out + part[:, None] * HEAD_DIM + d[None, :],
+                    mask=(lse > float("-inf"))[:, None], other=0.0)
+        o = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+        if HAS_GATE:
+            o = o * tl.sigmoid(tl.load(gate + t * stride_gt + h * stride_gh + d).to(tl.float32))
+        tl.store(out + t * stride_ot + h * stride_oh + d, o.to(out.dtype.element_ty))
+
+
+def _check_cache(cache_: torch.Tensor, scales: torch.Tensor | None) -> None:
+    assert cache_.is_contiguous(), "KV cache pages must be contiguous"
+    if scales is not None:
+        assert cache_.dtype == torch.int8 and scales.dtype == torch.float16
+        assert scales.is_contiguous() and scales.shape[:3] == cache_.shape[:3]
+
+
+def _store_kv_triton(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                     v_scale: torch.Tensor | None, slot_mapping: torch.Tensor) -> None:
+    """Launches the fused quantize + scatter kernel (one program per token)."""
+    n, nkv, d = k.shape
+    assert v.shape == k.shape and k_cache.shape[2:] == (nkv, d) and v_cache.shape == k_cache.shape
+    assert k.stride(-1) == 1 and v.stride(-1) == 1, "K/V rows must be contiguous along d"
+    assert slot_mapping.shape == (n,) and slot_mapping.dtype == torch.int64
+    assert (k_scale is None) == (v_scale is None)
+    _check_cache(k_cache, k_scale)
+    _check_cache(v_cache, v_scale)
+    quant = k_scale is not None
+    group = d // k_scale.shape[-1] if quant else d
+    assert d == _pow2(d) and group == _pow2(group)
+    _store_kv_kernel[(n,)](
+        k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache, v_cache,
+        k_scale if quant else k_cache, v_scale if quant else v_cache, slot_mapping, nkv,
+        HEADS=_pow2(nkv), GROUPS=d // group, GROUP=group, QUANT=quant,
+    )
+
+
+def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
+                            page_tables: torch.Tensor, cu_seqlens: torch.Tensor,
+                            context_lens: torch.Tensor, scale: float,
+                            gate: torch.Tensor | None = None, *, num_splits: int | None = None,
+                            min_split_tokens: int = MIN_SPLIT_TOKENS) -> torch.Tensor:
+    """Launches the attention kernel (and the split merge when the context is split).
+    num_splits / min_split_tokens override the plan (tests reach the split path with them)."""
+    n, nq, d = q.shape
+    _, page_size, nkv, _ = k_cache.shape
+    num_seqs = context_lens.shape[0]
+    assert _kernel_fits(q, k_cache) and v_cache.shape == k_cache.shape
+    assert q.stride(-1) == 1 and (gate is None or (gate.shape == q.shape and gate.stride(-1) == 1))
+    assert (k_scale is None) == (v_scale is None)
+    _check_cache(k_cache, k_scale)
+    _check_cache(v_cache, v_scale)
+    if k_scale is None:
+        assert k_cache.dtype == v_cache.dtype
+    assert cu_seqlens.shape == (num_seqs + 1,) and page_tables.shape[0] == num_seqs
+    for meta in (page_tables, cu_seqlens, context_lens):
+        assert meta.dtype == torch.int64 and meta.stride(-1) == 1
+    quant = k_scale is not None
+    group = d // k_scale.shape[-1] if quant else d
+    plan = _plan(n, num_seqs, nq // nkv, nkv, q.device, num_splits)
+    assert plan.num_splits == _pow2(plan.num_splits)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    split = plan.num_splits > 1
+    part_out = torch.empty((n, nq, plan.num_splits, d) if split else (1,), dtype=torch.float32,
+                           device=q.device)
+    part_lse = torch.empty((n, nq, plan.num_splits) if split else (1,), dtype=torch.float32,
+                           device=q.device)
+    g = q if gate is None else gate
+    _paged_attention_kernel[(plan.num_blocks, nkv, plan.num_splits)](
+        q, q.stride(0), q.stride(1), k_cache, v_cache,
+        k_scale if quant else k_cache, v_scale if quant else v_cache,
+        page_tables, page_tables.stride(0), cu_seqlens, context_lens, num_seqs, nkv,
+        scale * LOG2E, out, out.stride(0), out.stride(1), g, g.stride(0), g.stride(1),
+        part_out, part_lse, min_split_tokens,
+        GROUP_HEADS=nq // nkv, BLOCK_M=plan.block_m, HEAD_DIM=d, GROUP=group,
+        PAGE_SIZE=page_size, NUM_SPLITS=plan.num_splits, QUANT=quant, HAS_GATE=gate is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )
+    if split:
+        _merge_splits_kernel[(n, nq)](
+            part_out, part_lse, out, out.stride(0), out.stride(1), g, g.stride(0), g.stride(1),
+            nq, NUM_SPLITS=plan.num_splits, HEAD_DIM=d, HAS_GATE=gate is not None,
+        )
     return out

@@ -6,11 +6,20 @@ are quantized with the fp16-rounded scale, so the error of every element is at m
 (fp16 rounding moves x / scale by at most 127 * 2^-11 < 0.5 past 127, so the clamp stays inside
 that bound). Dynamic at write time: no calibration. A group is min(64, head_dim) elements, so a
 small test model with head_dim 32 has one group per head.
+
+The Triton tile helpers below are the same math for the fused store and attention kernels
+(ops.attention); they are defined only where Triton imports.
 """
 
 from __future__ import annotations
 
 import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the torch references need no Triton
+    triton = None
 
 KV_GROUP = 64
 SCALE_DTYPE = torch.float16
@@ -39,3 +48,32 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
     """int8 [..., D] and scales [..., G] -> [..., D] in `dtype` (computed in fp32)."""
     grouped = q.float().unflatten(-1, (scale.shape[-1], -1))
     return (grouped * scale.float()[..., None]).flatten(-2).to(dtype)
+
+
+if triton is not None:
+    _QMAX = tl.constexpr(float(INT8_MAX))
+
+    @triton.jit
+    def _round_half_even(x):
+        """torch.round for fp32 (ties to even). Triton has no rint the interpreter can run, and
+        floor(x + 0.5) is wrong just below .5, so split off the fraction (exact for |x| < 2^23)."""
+        r = tl.floor(x)
+        frac = x - r
+        odd = (r.to(tl.int32) & 1) == 1
+        return tl.where((frac > 0.5) | ((frac == 0.5) & odd), r + 1.0, r)
+
+    @triton.jit
+    def quantize_int8_tile(x):
+        """quantize_int8 on a tile: x fp32 [R, G_count, group] -> (int8 of that shape, fp16
+        scales [R, G_count]), bit-identical to the torch reference (IEEE divisions, ties to even,
+        fp16-rounded scale used as the divisor)."""
+        scale = tl.math.div_rn(tl.max(tl.abs(x), axis=2), _QMAX).to(tl.float16)
+        divisor = tl.where(scale > 0, scale.to(tl.float32), 1.0)
+        q = _round_half_even(tl.math.div_rn(x, divisor[:, :, None]))
+        q = tl.minimum(tl.maximum(q, -_QMAX), _QMAX)
+        return q.to(tl.int8), scale
+
+    @triton.jit
+    def dequantize_int8_tile(q, scale):
+        """int8 [R, G_count, group] and their scales [R, G_count] -> fp32, as dequantize_int8."""
+        return q.to(tl.float32) * scale.to(tl.float32)[:, :, None]

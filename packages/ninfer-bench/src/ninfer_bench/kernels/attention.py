@@ -1,0 +1,137 @@
+"""Paged attention and the fused KV store on the real attention shapes.
+
+27B: 24 q / 4 kv heads, 35B-A3B: 16 q / 2 kv heads; head_dim 256, 64-token pages, INT8 KV with
+one fp16 scale per 64 elements (the engine's default). Decode is memory-bound: its ratio is KV
+bytes read (plus q/out) over the copy bandwidth. A prompt chunk is compute-bound: its ratio is
+attention FLOPs (4 * d per visible query-key pair and q head) over the bf16 tensor-core rate.
+
+Timing replays a CUDA graph (as the engine runs its steps) of several copies of the call on
+separate data, after do_bench has flushed the L2, so every copy reads its KV from HBM and short
+calls are not hidden behind Python launch overhead; the row reports the time of one copy.
+Pages are handed out shuffled, as a long-running pool would, and the cache holds random data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+HBM_BYTES_PER_S = 4.24e12
+BF16_FLOPS_PER_S = 789e12
+PAGE_SIZE = 64
+HEAD_DIM = 256
+SHAPES = {"27b": (24, 4), "35b_a3b": (16, 2)}  # q heads, kv heads
+COPIES_BYTES = 256 << 20  # copies of a small call per graph: up to this much data in all
+MAX_COPIES = 8
+
+Call = Callable[[], object]
+
+
+def _kv_bytes(tokens: int, nkv: int, int8: bool) -> int:
+    """K + V bytes of `tokens` tokens of one layer (scales included)."""
+    per_head = HEAD_DIM + HEAD_DIM // 64 * 2 if int8 else HEAD_DIM * 2
+    return 2 * tokens * nkv * per_head
+
+
+def _copies(bytes_per_call: int) -> int:
+    return max(1, min(MAX_COPIES, COPIES_BYTES // bytes_per_call))
+
+
+def _caches(pages: int, nkv: int, int8: bool, device: str) -> list[torch.Tensor | None]:
+    shape = (pages, PAGE_SIZE, nkv, HEAD_DIM)
+    if not int8:
+        return [torch.randn(shape, device=device, dtype=torch.bfloat16) for _ in range(2)] + [
+            None, None]
+    kv = [torch.randint(-127, 128, shape, device=device, dtype=torch.int8) for _ in range(2)]
+    scales = [torch.rand((*shape[:3], HEAD_DIM // 64), device=device).mul_(0.02).half()
+              for _ in range(2)]
+    return kv + scales
+
+
+def _time_us(calls: list[Call]) -> float:
+    """Median microseconds of one of `calls` (same work, different data) from graph replays."""
+    import triton
+
+    for call in calls:  # compile and autotune before capturing
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+    return ms * 1e3 / len(calls)
+
+
+def _attention_call(model: str, query_lens: list[int], context: int, int8: bool,
+                    device: str) -> Call:
+    """A step of len(query_lens) sequences, each with `context` tokens cached once stored
+    (its queries the last ones)."""
+    from ninfer_runtime.ops.attention import paged_attention
+
+    nq, nkv = SHAPES[model]
+    batch, per_seq = len(query_lens), -(-context // PAGE_SIZE)
+    caches = _caches(batch * per_seq, nkv, int8, device)
+    tables = torch.randperm(batch * per_seq, device=device).view(batch, per_seq)
+    q = torch.randn(sum(query_lens), nq, HEAD_DIM, device=device, dtype=torch.bfloat16)
+    cu = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], device=device)
+    lens = torch.full((batch,), context, device=device)
+    return lambda: paged_attention(q, *caches, tables, cu, lens, HEAD_DIM**-0.5)
+
+
+def _decode_row(model: str, batch: int, context: int, int8: bool, device: str) -> dict:
+    nq, nkv = SHAPES[model]
+    moved = batch * _kv_bytes(context, nkv, int8) + 2 * batch * nq * HEAD_DIM * 2
+    calls = [_attention_call(model, [1] * batch, context, int8, device)
+             for _ in range(_copies(moved))]
+    us = _time_us(calls)
+    return {"op": f"paged_attention decode {model} {'int8' if int8 else 'bf16'} kv",
+            "shape": f"B={batch} ctx={context}", "time_us": us, "bytes": moved,
+            "ceiling": "4.24e12 B/s", "ratio_to_ceiling": moved / (us * 1e-6) / HBM_BYTES_PER_S}
+
+
+def _prefill_row(model: str, chunk: int, context: int, device: str) -> dict:
+    nq, nkv = SHAPES[model]
+    visible = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal query-key pairs
+    flops = 4 * HEAD_DIM * nq * visible
+    moved = _kv_bytes(context, nkv, True) + 2 * chunk * nq * HEAD_DIM * 2
+    calls = [_attention_call(model, [chunk], context, True, device)
+             for _ in range(_copies(moved))]
+    us = _time_us(calls)
+    return {"op": f"paged_attention prefill {model} int8 kv", "shape": f"chunk={chunk} "
+            f"ctx={context}", "time_us": us, "flops": flops, "ceiling": "789e12 FLOP/s",
+            "ratio_to_ceiling": flops / (us * 1e-6) / BF16_FLOPS_PER_S}
+
+
+def _store_call(model: str, tokens: int, device: str) -> Call:
+    from ninfer_runtime.ops.attention import store_kv
+
+    _, nkv = SHAPES[model]
+    pages = -(-tokens // PAGE_SIZE)
+    caches = _caches(pages, nkv, True, device)
+    k, v = (torch.randn(tokens, nkv, HEAD_DIM, device=device, dtype=torch.bfloat16)
+            for _ in range(2))
+    slots = torch.randperm(pages * PAGE_SIZE, device=device)[:tokens]
+    return lambda: store_kv(k, v, *caches, slots)
+
+
+def _store_row(model: str, tokens: int, device: str) -> dict:
+    _, nkv = SHAPES[model]
+    moved = 2 * tokens * nkv * HEAD_DIM * 2 + _kv_bytes(tokens, nkv, True) + tokens * 8
+    us = _time_us([_store_call(model, tokens, device) for _ in range(_copies(moved))])
+    return {"op": f"store_kv {model} int8", "shape": f"N={tokens}", "time_us": us,
+            "bytes": moved, "ceiling": "4.24e12 B/s",
+            "ratio_to_ceiling": moved / (us * 1e-6) / HBM_BYTES_PER_S}
+
+
+def bench(device: str = "cuda") -> list[dict]:
+    """Decode at 8K/64K/128K context (batch 1 and 8), a 1024-token prompt chunk over 8K, and
+    the KV store for a decode step and a prompt chunk."""
+    rows = [_decode_row("27b", batch, context, True, device)
+            for batch in (1, 8) for context in (8192, 65536, 131072)]
+    rows.append(_decode_row("27b", 1, 65536, False, device))
+    rows += [_decode_row("35b_a3b", batch, 65536, True, device) for batch in (1, 8)]
+    rows.append(_prefill_row("27b", 1024, 8192, device))
+    rows += [_store_row("27b", tokens, device) for tokens in (8, 8192)]
+    return rows

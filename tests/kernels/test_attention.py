@@ -1,0 +1,189 @@
+"""The paged attention and KV store kernels against their torch references.
+
+On a CPU-only machine the kernels run under Triton's interpreter (tests/conftest.py), which
+mishandles tl.dot on bf16, so the CPU runs use fp32 and fp16 queries; on CUDA they use bf16.
+Shapes are tiny (the interpreter is slow) but keep what matters: GQA groups that are not a
+power of two, contexts of 1 token and of several pages, tiles smaller and larger than a page,
+segments spanning several query blocks, decode rows beside prompt chunks, split contexts.
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+import pytest
+import torch
+
+from ninfer_runtime.ops import attention
+from ninfer_runtime.ops.attention import (
+    _paged_attention_triton,
+    _plan,
+    _store_kv_triton,
+    paged_attention,
+    paged_attention_ref,
+    store_kv,
+    store_kv_ref,
+)
+from ninfer_runtime.ops.kv_quant import kv_group_size
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.bfloat16] if DEVICE == "cuda" else [torch.float32, torch.float16]
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (3e-3, 1e-2), torch.bfloat16: (2e-2, 2e-2)}
+
+
+@pytest.fixture(autouse=True)
+def first_config_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No autotuning on the GPU either: each new key would compile and time every candidate,
+    and these tests are about results (under the interpreter there is one config anyway)."""
+    kernel = attention._paged_attention_kernel
+    monkeypatch.setattr(kernel, "configs", kernel.configs[:1])
+
+
+def rand(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    return x.to(device=DEVICE, dtype=dtype)
+
+
+def empty_caches(pages: int, page: int, nkv: int, d: int, int8: bool,
+                 dtype: torch.dtype) -> list[torch.Tensor | None]:
+    shape = (pages, page, nkv, d)
+    if not int8:
+        return [torch.zeros(shape, dtype=dtype, device=DEVICE) for _ in range(2)] + [None, None]
+    scales = (pages, page, nkv, d // kv_group_size(d))
+    return ([torch.zeros(shape, dtype=torch.int8, device=DEVICE) for _ in range(2)]
+            + [torch.zeros(scales, dtype=torch.float16, device=DEVICE) for _ in range(2)])
+
+
+def paged_step(query_lens: list[int], contexts: list[int], *, nq: int, nkv: int, d: int,
+               page: int, int8: bool, dtype: torch.dtype) -> dict:
+    """A step's attention inputs: each sequence's whole context stored (by the reference) on
+    pages handed out shuffled, its last query_lens[b] positions queried."""
+    counts = [-(-c // page) for c in contexts]
+    perm = torch.randperm(sum(counts) + 2, generator=torch.Generator().manual_seed(1)).tolist()
+    tables = [perm[sum(counts[:b]):sum(counts[:b + 1])] for b in range(len(counts))]
+    caches = empty_caches(sum(counts) + 2, page, nkv, d, int8, dtype)
+    for b, ctx in enumerate(contexts):
+        slots = torch.tensor([tables[b][p // page] * page + p % page for p in range(ctx)],
+                             device=DEVICE)
+        store_kv_ref(rand(ctx, nkv, d, seed=10 + b, dtype=dtype) * 2,
+                     rand(ctx, nkv, d, seed=20 + b, dtype=dtype), *caches, slots)
+    width = max(counts)
+    n = sum(query_lens)
+    return {
+        "q": rand(n, nq, d, seed=3, dtype=dtype), "k_cache": caches[0], "v_cache": caches[1],
+        "k_scale": caches[2], "v_scale": caches[3],
+        "page_tables": torch.tensor([t + [0] * (width - len(t)) for t in tables], device=DEVICE),
+        "cu_seqlens": torch.tensor([0, *accumulate(query_lens)], device=DEVICE),
+        "context_lens": torch.tensor(contexts, device=DEVICE), "scale": d**-0.5,
+    }
+
+
+def assert_matches_reference(step: dict, **launch: object) -> None:
+    expected = paged_attention_ref(**step)
+    out = _paged_attention_triton(**step, **launch)
+    assert out.shape == expected.shape and out.dtype == expected.dtype
+    atol, rtol = TOL[step["q"].dtype]
+    torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("int8,page", [(True, 16), (False, 16), (True, 64)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits", [None, 4])
+def test_decode_batch(int8: bool, page: int, dtype: torch.dtype, splits: int | None) -> None:
+    """One query token per sequence (6 q heads per kv head), contexts from 1 token to several
+    pages; split over 4 programs per sequence with 16-token splits, or as planned."""
+    step = paged_step([1, 1, 1, 1], [1, 17, 64, 100], nq=12, nkv=2, d=32, page=page,
+                      int8=int8, dtype=dtype)
+    assert_matches_reference(step, num_splits=splits, min_split_tokens=16)
+
+
+@pytest.mark.parametrize("int8", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits", [None, 2])
+def test_mixed_batch_of_prompt_chunks_and_decode_rows(
+        int8: bool, dtype: torch.dtype, splits: int | None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk continuing 30 cached tokens, a decode row, a whole 21-token prompt and a 1-token
+    prompt; 32-row blocks hold 10 tokens of 3 q heads, so the long segments span several."""
+    monkeypatch.setattr(attention, "PREFILL_BLOCK_M", 32)
+    step = paged_step([12, 1, 21, 1], [42, 9, 21, 1], nq=6, nkv=2, d=64, page=16, int8=int8,
+                      dtype=dtype)
+    assert_matches_reference(step, num_splits=splits, min_split_tokens=16)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_output_gate_is_fused(splits: int) -> None:
+    step = paged_step([3, 1], [20, 33], nq=4, nkv=2, d=32, page=16, int8=True,
+                      dtype=DTYPES[0])
+    gate = rand(4, 4, 64, seed=7, dtype=DTYPES[0])[..., :32]  # a strided view, as the model's
+    assert_matches_reference({**step, "gate": gate}, num_splits=splits, min_split_tokens=16)
+
+
+def test_several_scale_groups_per_head() -> None:
+    """head_dim 128: two int8 groups per head, each with its own scale."""
+    step = paged_step([2, 1], [40, 70], nq=4, nkv=1, d=128, page=64, int8=True,
+                      dtype=DTYPES[0])
+    assert_matches_reference(step, num_splits=2, min_split_tokens=16)
+
+
+def test_plan_gives_every_sequence_its_query_blocks() -> None:
+    """Sequence b's blocks start at (cu[b] - b) // block_q + b: each has room for all of its
+    ceil(len / block_q) blocks, the last ends inside the grid, and decode needs B programs."""
+    cpu = torch.device("cpu")
+    for lens in ([1] * 5, [7, 1, 40, 3, 1], [1, 64], [100]):
+        plan = _plan(sum(lens), len(lens), 6, 4, cpu)
+        cu = [0, *accumulate(lens)]
+        starts = [(cu[b] - b) // plan.block_q + b for b in range(len(lens))] + [plan.num_blocks]
+        assert plan.block_m >= 16 and plan.block_q * 6 <= plan.block_m
+        assert all(starts[b + 1] - starts[b] >= -(-n // plan.block_q)
+                   for b, n in enumerate(lens))
+    assert _plan(8, 8, 6, 4, cpu).num_blocks == 8
+    assert _plan(8, 8, 6, 4, cpu, num_splits=16).num_splits == 16
+
+
+@pytest.mark.parametrize("int8,d", [(True, 32), (True, 128), (False, 64)])
+def test_store_kv_kernel_is_the_reference_bit_for_bit(int8: bool, d: int) -> None:
+    """Quantize + scatter of K and V (3 kv heads: not a power of two), including rounding
+    ties, an all-zero group and one huge group; a negative slot (graph padding) is skipped."""
+    n, nkv, page, pages = 12, 3, 16, 4
+    dtype = DTYPES[-1]
+    k, v = rand(n, nkv, d, seed=1, dtype=dtype) * 3, rand(n, nkv, d, seed=2, dtype=dtype)
+    k[0, 0] = torch.arange(d) % 8 - 3.5  # with 127 below: scale 1, every other value a tie
+    k[0, 0, 0] = 127
+    k[1, 1] = 0
+    v[2, 2, :16] *= 1e4
+    slots = torch.randperm(pages * page, generator=torch.Generator().manual_seed(0))[:n]
+    slots = slots.to(DEVICE)
+    expected = empty_caches(pages, page, nkv, d, int8, dtype)
+    store_kv_ref(k[1:], v[1:], *expected, slots[1:])
+    got = empty_caches(pages, page, nkv, d, int8, dtype)
+    _store_kv_triton(k, v, *got, torch.cat([slots.new_tensor([-1]), slots[1:]]))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True) if a is not None)
+    _store_kv_triton(k[:1], v[:1], *got, slots[:1])
+    store_kv_ref(k[:1], v[:1], *expected, slots[:1])
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True) if a is not None)
+    if int8:  # the ties went to even, as torch.round does
+        assert got[0].view(-1, nkv, d)[slots[0], 0, 1:8].tolist() == [-2, -2, 0, 0, 2, 2, 4]
+
+
+def test_public_ops_dispatch_to_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NINFER_OPS=triton routes the model's calls to the kernels (on CUDA "auto" does)."""
+    monkeypatch.setenv("NINFER_OPS", "triton")
+    calls: list[str] = []
+    for name in ("_store_kv_triton", "_paged_attention_triton"):
+        kernel = getattr(attention, name)
+        monkeypatch.setattr(attention, name,
+                            lambda *a, _k=kernel, _n=name, **kw: calls.append(_n) or _k(*a, **kw))
+    step = paged_step([2, 1], [5, 18], nq=4, nkv=2, d=32, page=16, int8=True, dtype=DTYPES[0])
+    k, v = rand(3, 2, 32, seed=5, dtype=DTYPES[0]), rand(3, 2, 32, seed=6, dtype=DTYPES[0])
+    slots = torch.tensor([3, 4, step["page_tables"][1, 1].item() * 16 + 1], device=DEVICE)
+    expected = [t.clone() for t in (step["k_cache"], step["v_cache"], step["k_scale"],
+                                    step["v_scale"])]
+    store_kv_ref(k, v, *expected, slots)
+    store_kv(k, v, step["k_cache"], step["v_cache"], step["k_scale"], step["v_scale"], slots)
+    assert torch.equal(step["k_cache"], expected[0]) and torch.equal(step["v_scale"],
+                                                                     expected[3])
+    out = paged_attention(**step)
+    atol, rtol = TOL[DTYPES[0]]
+    torch.testing.assert_close(out, paged_attention_ref(**step), atol=atol, rtol=rtol)
+    assert calls == ["_store_kv_triton", "_paged_attention_triton"]
