@@ -3,12 +3,26 @@
 The conv state of one sequence holds the last K-1 *pre-activation* inputs, [C, K-1], oldest
 first; a fresh sequence starts from zeros, which equals the zero left-padding of a plain causal
 conv. Both forms apply SiLU to the conv output, as the fused kernels do.
+
+The Triton kernel runs the varlen op: one program per (sequence, channel block) walks the
+sequence's rows in time tiles, reading rows before the segment start from the slot's conv
+state, and rewrites the state at the end. A program owns its channels of its slot outright, so
+the read-then-overwrite of the state needs no ordering between programs, only a barrier inside
+one. `conv_input` and `conv_silu_at` are shared with the fused GDN decode kernel (ops.gdn).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from ninfer_runtime.ops.dispatch import use_triton
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only install: the references still run
+    triton = None
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor,
@@ -37,16 +51,10 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor,
     return F.silu(out).to(x.dtype), window[..., 1:].to(state.dtype)
 
 
-def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor,
-                         cu_seqlens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Several sequences back to back, each continuing from its slot of a state pool.
-
-    x [N, C] holds sequence b at rows cu_seqlens[b] .. cu_seqlens[b+1] ([B+1]); its conv state
-    is states[slots[b]] (states [num_slots, C, K-1], slots [B]), which this replaces. A
-    one-token sequence takes the decode form, a longer one the prefill form. Returns [N, C].
-    """
+def causal_conv1d_varlen_ref(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor,
+                             cu_seqlens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Reference of `causal_conv1d_varlen`: a host loop over the sequences."""
     out = torch.empty_like(x)
-    # NOTE: the reference loops over sequences on the host; a kernel takes the tensors.
     bounds = cu_seqlens.tolist()
     for b, slot in enumerate(slots.tolist()):
         lo, hi = bounds[b], bounds[b + 1]
@@ -55,3 +63,118 @@ def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, states: torch.Te
         else:
             out[lo:hi], states[slot] = causal_conv1d(x[lo:hi], weight, states[slot])
     return out
+
+
+def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor,
+                         cu_seqlens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Several sequences back to back, each continuing from its slot of a state pool.
+
+    x [N, C] (rows may be strided, channels contiguous) holds sequence b at rows
+    cu_seqlens[b] .. cu_seqlens[b+1] ([B+1]); its conv state is states[slots[b]] (states
+    [num_slots, C, K-1], slots [B]), which this replaces. A one-token sequence takes the decode
+    form, a longer one the prefill form (the kernel does both in one launch). Returns [N, C].
+    """
+    if not use_triton(x, weight, states, cu_seqlens, slots):
+        return causal_conv1d_varlen_ref(x, weight, states, cu_seqlens, slots)
+    return _launch_conv_varlen(x, weight, states, cu_seqlens, slots)
+
+
+def check_conv_args(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor,
+                    cu_seqlens: torch.Tensor, slots: torch.Tensor) -> None:
+    """Launcher preconditions shared with the fused GDN decode kernel."""
+    channels, kernel = weight.shape
+    assert x.dim() == 2 and x.shape[1] == channels and x.stride(1) == 1, \
+        f"conv input must be [N, {channels}] with contiguous channels, got {tuple(x.shape)}"
+    assert weight.stride(1) == 1, "conv weight [C, K] needs contiguous taps"
+    assert states.shape[1:] == (channels, kernel - 1), \
+        f"conv states {tuple(states.shape)} do not match weight {tuple(weight.shape)}"
+    assert states.dtype == x.dtype, f"conv states are {states.dtype}, input {x.dtype}"
+    assert cu_seqlens.dtype == slots.dtype == torch.int64, "cu_seqlens and slots are int64"
+    assert cu_seqlens.is_contiguous() and slots.is_contiguous()
+    assert cu_seqlens.shape[0] == slots.shape[0] + 1, "cu_seqlens is [B+1] for slots [B]"
+
+
+def _launch_conv_varlen(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor,
+                        cu_seqlens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    check_conv_args(x, weight, states, cu_seqlens, slots)
+    channels, kernel = weight.shape
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    block_c, block_t = 64, 64  # 4K elements a tile; 64 channels keep 160 programs at B = 1
+    grid = (slots.shape[0], triton.cdiv(channels, block_c))
+    _conv_varlen_kernel[grid](
+        x, weight, states, out, cu_seqlens, slots, channels, x.stride(0), weight.stride(0),
+        *states.stride(), K=kernel, KP=triton.next_power_of_2(kernel), BLOCK_T=block_t,
+        BLOCK_C=block_c, num_warps=4)
+    return out
+
+
+if triton is not None:
+
+    @triton.jit
+    def conv_input(x_ptr, stride_x, state_ptr, stride_sc, stride_sk, src, lo, ch, mask,
+                   K: tl.constexpr):
+        """xs[src] of channels ch (broadcast together), fp32: the pre-conv input at absolute
+        row src, rows before the segment start lo read from the conv state at state_ptr (the
+        slot's base), whose column K-1 - (lo - src) holds row src."""
+        in_state = src < lo
+        s = tl.load(state_ptr + ch * stride_sc + (src - lo + K - 1) * stride_sk,
+                    mask=mask & in_state, other=0.0)
+        x = tl.load(x_ptr + src.to(tl.int64) * stride_x + ch, mask=mask & (src >= lo),
+                    other=0.0)
+        return s.to(x_ptr.dtype.element_ty).to(tl.float32) + x.to(tl.float32)
+
+    @triton.jit
+    def silu_rounded(y, dtype: tl.constexpr):
+        """silu(y) rounded to dtype (as the reference stores the conv output) and back."""
+        return (y * tl.sigmoid(y)).to(dtype).to(tl.float32)
+
+    @triton.jit
+    def conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, state_ptr, stride_sc, stride_sk, t, lo,
+                     ch, cmask, K: tl.constexpr, KP: tl.constexpr):
+        """silu(conv) of row t for channels ch [CH] -> [CH] fp32 (the decode step)."""
+        j = tl.arange(0, KP)[:, None]
+        valid = (j < K) & cmask[None, :]
+        xs = conv_input(x_ptr, stride_x, state_ptr, stride_sc, stride_sk, t - (K - 1) + j, lo,
+                        ch[None, :], valid, K)
+        w = tl.load(w_ptr + ch[None, :] * stride_w + j, mask=valid, other=0.0)
+        return silu_rounded(tl.sum(xs * w.to(tl.float32), axis=0), x_ptr.dtype.element_ty)
+
+    @triton.jit
+    def store_conv_window(x_ptr, stride_x, state_ptr, dst_ptr, stride_sc, stride_sk, t, lo,
+                          ch, cmask, K: tl.constexpr, KP: tl.constexpr):
+        """Write the conv state after row t (xs rows t-K+2 .. t) of channels ch to dst_ptr.
+
+        dst may be the slot read from (state_ptr): everything is loaded before a barrier and
+        stored after it, as other threads of the program may still read what is overwritten.
+        """
+        j = tl.arange(0, KP)[None, :]
+        mask = (j < K - 1) & cmask[:, None]
+        window = conv_input(x_ptr, stride_x, state_ptr, stride_sc, stride_sk, t - (K - 2) + j,
+                            lo, ch[:, None], mask, K)
+        tl.debug_barrier()
+        tl.store(dst_ptr + ch[:, None] * stride_sc + j * stride_sk,
+                 window.to(dst_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _conv_varlen_kernel(x_ptr, w_ptr, states_ptr, out_ptr, cu_ptr, slot_ptr, C, stride_x,
+                            stride_w, stride_ss, stride_sc, stride_sk, K: tl.constexpr,
+                            KP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+        seq, cblock = tl.program_id(0), tl.program_id(1)
+        lo, hi = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
+        state_ptr = states_ptr + tl.load(slot_ptr + seq) * stride_ss
+        ch = cblock * BLOCK_C + tl.arange(0, BLOCK_C)
+        cmask = ch < C
+        for t0 in range(lo, hi, BLOCK_T):
+            rows = t0 + tl.arange(0, BLOCK_T)
+            mask = (rows < hi)[:, None] & cmask[None, :]
+            acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+            for j in tl.static_range(K):
+                w = tl.load(w_ptr + ch * stride_w + j, mask=cmask, other=0.0).to(tl.float32)
+                xs = conv_input(x_ptr, stride_x, state_ptr, stride_sc, stride_sk,
+                                rows[:, None] + j - (K - 1), lo, ch[None, :], mask, K)
+                acc += xs * w[None, :]
+            y = acc * tl.sigmoid(acc)
+            tl.store(out_ptr + rows.to(tl.int64)[:, None] * C + ch[None, :],
+                     y.to(out_ptr.dtype.element_ty), mask=mask)
+        store_conv_window(x_ptr, stride_x, state_ptr, state_ptr, stride_sc, stride_sk, hi - 1,
+                          lo, ch, cmask, K, KP)

@@ -10,12 +10,37 @@ q and k arrive raw (after the conv); both forms l2-normalise them and scale q by
 the Qwen3.5 kernels do ("use_qk_l2norm_in_kernel"). Grouped value attention: value head h
 reads q/k head h // (nv // nk). The chunked form is the prompt path, the recurrent form the
 decode path; they compute the same function (tests/test_gdn.py).
+
+Two Triton kernels serve the layer on the GPU (the references stay the oracle and the CPU path):
+
+* `gdn_decode`: the whole mixer from the in_proj outputs to o for sequences of a few tokens,
+  recurrently, in one launch: conv shift + depthwise conv + SiLU, q/k l2norm, gating, the state
+  update in place in the slot and o = S^T q. One program per (sequence, k-head) owns that
+  k-head's q/k channels, its value heads' v channels and their recurrent states outright, so
+  reading the slot's conv window and then overwriting it needs no ordering between programs
+  (a program split further would race on the shared q/k conv window). Optionally the state
+  after every token goes to its own slot (speculative verification).
+* `gated_delta_rule_varlen`: the chunked (WY/UT) form, one program per (sequence, value head,
+  dv block) carrying its [dk, BV] state tile across the sequence's chunks; within a chunk the
+  unit lower-triangular system is inverted blockwise (16x16 diagonal blocks by substitution,
+  then a Neumann product for the off-diagonal blocks), everything else is tensor-core dots.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
+
+from ninfer_runtime.ops.conv import causal_conv1d_update, check_conv_args
+from ninfer_runtime.ops.dispatch import use_triton
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only install: the references still run
+    triton = None
 
 CHUNK_SIZE = 64
 
@@ -122,6 +147,22 @@ def chunk_gated_delta_rule(
     return out.transpose(0, 1).to(v.dtype), s
 
 
+
+def gated_delta_rule_varlen_ref(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    states: torch.Tensor, cu_seqlens: torch.Tensor, slots: torch.Tensor,
+) -> torch.Tensor:
+    """Reference of `gated_delta_rule_varlen`: a host loop over the sequences."""
+    out = torch.empty_like(v)
+    bounds = cu_seqlens.tolist()
+    for b, slot in enumerate(slots.tolist()):
+        lo, hi = bounds[b], bounds[b + 1]
+        rule = recurrent_gated_delta_rule if hi - lo == 1 else chunk_gated_delta_rule
+        out[lo:hi], states[slot] = rule(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi],
+                                        states[slot])
+    return out
+
+
 def gated_delta_rule_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     states: torch.Tensor, cu_seqlens: torch.Tensor, slots: torch.Tensor,
@@ -130,15 +171,339 @@ def gated_delta_rule_varlen(
 
     q, k [N, nk, dk]; v [N, nv, dv]; g, beta [N, nv]; sequence b owns rows cu_seqlens[b] ..
     cu_seqlens[b+1] ([B+1]) and the state states[slots[b]] (states fp32 [num_slots, nv, dk,
-    dv], slots [B]), which this replaces. One token takes the recurrent (decode) form, several
-    the chunked (prompt) form. Returns o [N, nv, dv] in v.dtype.
+    dv], slots [B]), which this replaces. The reference takes the recurrent form for one token
+    and the chunked form for several; the kernel is chunked throughout. Returns o [N, nv, dv]
+    in v.dtype. q/k/v may be strided views (last dim contiguous) of a fused projection.
     """
-    out = torch.empty_like(v)
-    # NOTE: the reference loops over sequences on the host; a kernel takes the tensors.
+    if not use_triton(q, k, v, g, beta, states, cu_seqlens, slots):
+        return gated_delta_rule_varlen_ref(q, k, v, g, beta, states, cu_seqlens, slots)
+    return _launch_chunked(q, k, v, g, beta, states, cu_seqlens, slots)
+
+
+def _num_key_heads(conv_dim: int, states: torch.Tensor) -> int:
+    """nk from conv_dim = 2 nk dk + nv dv and the state pool [slots, nv, dk, dv]."""
+    nv, dk, dv = states.shape[1:]
+    nk, rest = divmod(conv_dim - nv * dv, 2 * dk)
+    if rest or nk <= 0 or nv % nk:
+        raise ValueError(f"conv_dim {conv_dim} does not split into q|k|v heads for a state "
+                         f"pool of {nv} value heads, dk {dk}, dv {dv}")
+    return nk
+
+
+def gdn_decode_ref(
+    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_weight: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, conv_states: torch.Tensor,
+    states: torch.Tensor, cu_seqlens: torch.Tensor, slots: torch.Tensor,
+    snapshot_slots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference of `gdn_decode`: conv update, gating and the recurrent rule, token by token."""
+    nv, dk, dv = states.shape[1:]
+    nk = _num_key_heads(mixed_qkv.shape[-1], states)
+    g, beta = gdn_gating(a, b, A_log, dt_bias)
+    out = mixed_qkv.new_empty(mixed_qkv.shape[0], nv, dv)
     bounds = cu_seqlens.tolist()
-    for b, slot in enumerate(slots.tolist()):
-        lo, hi = bounds[b], bounds[b + 1]
-        rule = recurrent_gated_delta_rule if hi - lo == 1 else chunk_gated_delta_rule
-        out[lo:hi], states[slot] = rule(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi],
-                                        states[slot])
+    snaps = None if snapshot_slots is None else snapshot_slots.tolist()
+    for seq, slot in enumerate(slots.tolist()):
+        conv, state = conv_states[slot], states[slot]
+        for i in range(bounds[seq], bounds[seq + 1]):
+            y, conv = causal_conv1d_update(mixed_qkv[i], conv_weight, conv)
+            q, k, v = y.split([nk * dk, nk * dk, nv * dv])
+            o, state = recurrent_gated_delta_rule(
+                q.view(1, nk, dk), k.view(1, nk, dk), v.view(1, nv, dv), g[i:i + 1],
+                beta[i:i + 1], state)
+            out[i] = o[0]
+            if snaps is not None:
+                conv_states[snaps[i]], states[snaps[i]] = conv, state
+        if snaps is None:
+            conv_states[slot], states[slot] = conv, state
     return out
+
+
+def gdn_decode(
+    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_weight: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, conv_states: torch.Tensor,
+    states: torch.Tensor, cu_seqlens: torch.Tensor, slots: torch.Tensor,
+    snapshot_slots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The GDN mixer core for short segments (decode, speculative verification), fused.
+
+    From the in_proj outputs to o: mixed_qkv [N, conv_dim] (pre-conv, q|k|v channels), a, b
+    [N, nv] (raw, as in_proj_ba gives them), conv_weight [conv_dim, K], A_log and dt_bias
+    [nv]; sequence s owns rows cu_seqlens[s] .. cu_seqlens[s+1] and continues from conv_states
+    [num_slots, conv_dim, K-1] and states fp32 [num_slots, nv, dk, dv] at slot slots[s]. Every
+    token takes the recurrent form, so this is `causal_conv1d_varlen`, `gdn_gating` and
+    `gated_delta_rule_varlen` in one pass for segments short enough that chunking does not
+    pay. Inputs may be strided row views of fused projections (last dim contiguous).
+
+    Without snapshot_slots each sequence's final conv and recurrent state replace its slot.
+    With snapshot_slots [N], the state after token i goes to slot snapshot_slots[i] instead
+    and the sequences' own slots are only read, so a speculative verifier can resume from any
+    accepted position. Snapshot slots must be distinct and must not be any sequence's own
+    slot, with one exception: a sequence's last token may snapshot into that sequence's own
+    slot (which then ends as without snapshots). Returns o [N, nv, dv] in mixed_qkv.dtype.
+    """
+    tensors = [mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states, states, cu_seqlens,
+               slots] + ([] if snapshot_slots is None else [snapshot_slots])
+    if not use_triton(*tensors):
+        return gdn_decode_ref(mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states,
+                              states, cu_seqlens, slots, snapshot_slots)
+    return _launch_decode(mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states, states,
+                          cu_seqlens, slots, snapshot_slots)
+
+
+def _check_state_pool(states: torch.Tensor) -> tuple[int, int, int]:
+    assert states.dtype == torch.float32 and states.dim() == 4, \
+        f"GDN states must be fp32 [slots, nv, dk, dv], got {states.dtype} {tuple(states.shape)}"
+    nv, dk, dv = states.shape[1:]
+    assert states.stride(3) == 1 and states.stride(2) == dv, "each [dk, dv] state contiguous"
+    assert dk >= 16 and dv >= 16 and dk & (dk - 1) == 0 and dv & (dv - 1) == 0, \
+        f"the kernels need dk, dv powers of two >= 16, got {dk}, {dv}"
+    return nv, dk, dv
+
+
+def _launch_decode(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                   conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                   conv_states: torch.Tensor, states: torch.Tensor, cu_seqlens: torch.Tensor,
+                   slots: torch.Tensor, snapshot_slots: torch.Tensor | None) -> torch.Tensor:
+    check_conv_args(mixed_qkv, conv_weight, conv_states, cu_seqlens, slots)
+    nv, dk, dv = _check_state_pool(states)
+    nk = _num_key_heads(mixed_qkv.shape[1], states)
+    n = mixed_qkv.shape[0]
+    assert a.shape == b.shape == (n, nv) and a.stride(1) == b.stride(1) == 1, \
+        f"a, b must be [{n}, {nv}] with contiguous heads"
+    assert A_log.shape == dt_bias.shape == (nv,) and A_log.is_contiguous() \
+        and dt_bias.is_contiguous()
+    if snapshot_slots is not None:
+        assert snapshot_slots.shape == (n,) and snapshot_slots.dtype == torch.int64 \
+            and snapshot_slots.is_contiguous(), "snapshot_slots is int64 [N]"
+    out = torch.empty(n, nv, dv, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+    kernel = conv_weight.shape[1]
+    _gdn_decode_kernel[(slots.shape[0], nk)](
+        mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states, states, out, cu_seqlens,
+        slots, slots if snapshot_slots is None else snapshot_slots,
+        mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0),
+        *conv_states.stride(), states.stride(0), states.stride(1), out.stride(0),
+        out.stride(1), nk * dk, dk**-0.5, GROUP=nv // nk, DK=dk, DV=dv, K=kernel,
+        KP=triton.next_power_of_2(kernel), HAS_SNAPSHOTS=snapshot_slots is not None)
+    return out
+
+
+def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                    beta: torch.Tensor, states: torch.Tensor, cu_seqlens: torch.Tensor,
+                    slots: torch.Tensor) -> torch.Tensor:
+    nv, dk, dv = _check_state_pool(states)
+    n, nk = q.shape[:2]
+    assert q.shape == k.shape == (n, nk, dk) and v.shape == (n, nv, dv) and nv % nk == 0, \
+        f"q, k [N, nk, {dk}] and v [N, {nv}, {dv}] expected, got {tuple(q.shape)}, " \
+        f"{tuple(k.shape)}, {tuple(v.shape)}"
+    assert q.stride(2) == k.stride(2) == v.stride(2) == 1, "q, k, v need a contiguous last dim"
+    assert g.shape == beta.shape == (n, nv) and g.stride(1) == beta.stride(1) == 1
+    assert cu_seqlens.dtype == slots.dtype == torch.int64
+    assert cu_seqlens.is_contiguous() and slots.is_contiguous()
+    out = torch.empty(n, nv, dv, dtype=v.dtype, device=v.device)
+    nblocks = CHUNK_SIZE // _SUBCHUNK
+
+    def grid(meta: dict) -> tuple[int, int, int]:
+        return slots.shape[0], nv, dv // meta["BV"]
+
+    _gdn_chunked_kernel[grid](
+        q, k, v, g, beta, out, states, cu_seqlens, slots, q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+        out.stride(0), out.stride(1), states.stride(0), states.stride(1), dk**-0.5,
+        GROUP=nv // nk, DK=dk, DV=dv, C=CHUNK_SIZE, SUB=_SUBCHUNK,
+        SQUARINGS=max(0, (nblocks - 1).bit_length() - 1), PRECISION=_DOT_PRECISION)
+    return out
+
+
+# Diagonal blocks of the chunk's triangular system solved by substitution (see the kernel).
+_SUBCHUNK = 16
+# tf32 tensor-core dots on fp32 operands: finer than the bf16 operands fla-style kernels use.
+_DOT_PRECISION = "tf32"
+
+
+def _configs(options: list[tuple[int, int]]) -> list:
+    """Autotune candidates as (BV, num_warps); the interpreter gets one small tile (BV 16,
+    so that tests at small dv still split it), not a tuning run."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        options = [(16, 4)]
+    return [triton.Config({"BV": bv}, num_warps=warps) for bv, warps in options]
+
+
+def _fit_dv(configs: list, named_args: dict, **kwargs: object) -> list:
+    """Drop tiles wider than dv (keeping the narrowest one whatever happens)."""
+    dv = {**named_args, **kwargs}["DV"]
+    return [c for c in configs if c.kwargs["BV"] <= dv] or configs[:1]
+
+
+if triton is not None:
+    from ninfer_runtime.ops.conv import conv_silu_at, store_conv_window
+
+    @triton.jit
+    def _l2norm_rows(x, eps: tl.constexpr):
+        """x * rsqrt(sum(x^2) + eps) along the last axis of a fp32 tile (`l2norm`; the
+        kernels pass its eps, 1e-6)."""
+        return x * tl.rsqrt(tl.sum(x * x, axis=-1, keep_dims=True) + eps)
+
+    @triton.jit
+    def _gating(a_ptr, b_ptr, alog_ptr, dtb_ptr, t, h, stride_a, stride_b):
+        """(g, beta) of token t, value head h: -exp(A_log) softplus(a + dt_bias), sigmoid(b).
+
+        softplus as torch computes it: linear above 20, where exp would lose nothing.
+        """
+        x = tl.load(a_ptr + t * stride_a + h).to(tl.float32) + tl.load(dtb_ptr + h)
+        softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+        g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * softplus
+        beta = tl.sigmoid(tl.load(b_ptr + t * stride_b + h).to(tl.float32))
+        return g, beta
+
+    @triton.jit
+    def _gdn_decode_kernel(
+        x_ptr, a_ptr, b_ptr, w_ptr, alog_ptr, dtb_ptr, conv_ptr, states_ptr, o_ptr, cu_ptr,
+        slot_ptr, snap_ptr, stride_x, stride_a, stride_b, stride_w, stride_cs, stride_cc,
+        stride_ck, stride_ss, stride_sh, stride_ot, stride_oh, key_dim, scale,
+        GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+        K: tl.constexpr, KP: tl.constexpr, HAS_SNAPSHOTS: tl.constexpr,
+    ):
+        seq, kh = tl.program_id(0), tl.program_id(1)
+        lo, hi = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
+        slot = tl.load(slot_ptr + seq)
+        conv_slot = conv_ptr + slot * stride_cs
+        dk = tl.arange(0, DK)
+        qch = kh * DK + dk
+        kch = key_dim + qch
+        whole_k = dk < DK
+        src = slot
+        for t in range(lo, hi):
+            dst = tl.load(snap_ptr + t) if HAS_SNAPSHOTS else slot
+            q = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc, stride_ck,
+                             t, lo, qch, whole_k, K, KP)
+            k = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc, stride_ck,
+                             t, lo, kch, whole_k, K, KP)
+            q = _l2norm_rows(q, 1e-6) * scale
+            k = _l2norm_rows(k, 1e-6)
+            for hh in range(GROUP):
+                h = kh * GROUP + hh
+                g, beta = _gating(a_ptr, b_ptr, alog_ptr, dtb_ptr, t, h, stride_a, stride_b)
+                for v0 in range(0, DV, BV):
+                    dv = v0 + tl.arange(0, BV)
+                    v = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc,
+                                     stride_ck, t, lo, 2 * key_dim + h * DV + dv, dv < DV, K,
+                                     KP)
+                    tile = h * stride_sh + dk[:, None] * DV + dv[None, :]  # [DK, BV]
+                    s = tl.load(states_ptr + src * stride_ss + tile) * tl.exp(g)
+                    delta = beta * (v - tl.sum(s * k[:, None], axis=0))
+                    s += k[:, None] * delta[None, :]
+                    o = tl.sum(s * q[:, None], axis=0)
+                    tl.store(o_ptr + t * stride_ot + h * stride_oh + dv,
+                             o.to(o_ptr.dtype.element_ty))
+                    tl.store(states_ptr + dst * stride_ss + tile, s)
+            # the next token reads back what this one stored, possibly from other threads
+            tl.debug_barrier()
+            src = dst
+        # Conv windows last: every read of the slot's window above is done (barrier).
+        for t in range(lo if HAS_SNAPSHOTS else hi - 1, hi):
+            dst_ptr = conv_ptr + (tl.load(snap_ptr + t) if HAS_SNAPSHOTS else slot) * stride_cs
+            store_conv_window(x_ptr, stride_x, conv_slot, dst_ptr, stride_cc, stride_ck, t,
+                              lo, qch, whole_k, K, KP)
+            store_conv_window(x_ptr, stride_x, conv_slot, dst_ptr, stride_cc, stride_ck, t,
+                              lo, kch, whole_k, K, KP)
+            dv = tl.arange(0, DV)
+            for hh in range(GROUP):
+                vch = 2 * key_dim + (kh * GROUP + hh) * DV + dv
+                store_conv_window(x_ptr, stride_x, conv_slot, dst_ptr, stride_cc, stride_ck,
+                                  t, lo, vch, dv < DV, K, KP)
+
+    _gdn_decode_kernel = triton.autotune(
+        _configs([(32, 4), (64, 4), (64, 8), (128, 8)]), key=["DK", "DV", "GROUP"],
+        prune_configs_by={"early_config_prune": _fit_dv},
+        restore_value=["conv_ptr", "states_ptr"])(_gdn_decode_kernel)
+
+    @triton.jit
+    def _unit_lower_inverse(a, C: tl.constexpr, SUB: tl.constexpr, SQUARINGS: tl.constexpr,
+                            PRECISION: tl.constexpr):
+        """(I + a)^-1 for a strictly lower-triangular [C, C] tile.
+
+        With Lb the block diagonal of L = I + a (blocks SUB x SUB) and a_off the rest,
+        L = Lb (I + N), N = Lb^-1 a_off strictly block-lower, so N^(C/SUB) = 0 and
+        L^-1 = (I - N)(I + N^2)(I + N^4).. Lb^-1. Lb^-1 comes from forward substitution,
+        one row of every diagonal block per step: the blocks occupy disjoint columns, so a
+        step's rows fold into one vector. Substitution keeps the blocks exact; the product
+        only ever sees N, which stays small where the powers of a would not.
+        """
+        r = tl.arange(0, C)[:, None]
+        c = tl.arange(0, C)[None, :]
+        same = (r // SUB) == (c // SUB)
+        eye = tl.where(r == c, 1.0, 0.0)
+        diag = tl.where(same, a, 0.0)
+        d = eye
+        for i in tl.static_range(1, SUB):
+            rows = (r % SUB) == i
+            coef = tl.sum(tl.where(rows, diag, 0.0), axis=0)  # row i of each block, folded
+            new = tl.where(tl.arange(0, C) % SUB == i, 1.0, 0.0) - tl.sum(
+                coef[:, None] * d, axis=0)
+            d = tl.where(rows & same, new[None, :], d)
+        n = tl.dot(d, tl.where(same, 0.0, a), input_precision=PRECISION)
+        m = eye - n
+        p = n
+        for _ in tl.static_range(SQUARINGS):
+            p = tl.dot(p, p, input_precision=PRECISION)
+            m = tl.dot(m, eye + p, input_precision=PRECISION)
+        return tl.dot(m, d, input_precision=PRECISION)
+
+    @triton.jit
+    def _gdn_chunked_kernel(
+        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, states_ptr, cu_ptr, slot_ptr,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_g, stride_beta,
+        stride_ot, stride_oh, stride_ss, stride_sh, scale,
+        GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+        C: tl.constexpr, SUB: tl.constexpr, SQUARINGS: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
+        seq, h, vblock = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        lo, hi = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
+        kh = h // GROUP
+        dk = tl.arange(0, DK)
+        dv = vblock * BV + tl.arange(0, BV)
+        state = (states_ptr + tl.load(slot_ptr + seq) * stride_ss + h * stride_sh
+                 + dk[:, None] * DV + dv[None, :])
+        s = tl.load(state)  # [DK, BV] fp32, carried across the chunks
+        i = tl.arange(0, C)
+        causal = i[:, None] >= i[None, :]
+        strict = i[:, None] > i[None, :]
+        for t0 in range(lo, hi, C):
+            rows = t0 + i
+            live = rows < hi  # padding rows: q = k = v = 0, g = beta = 0 leave s unchanged
+            q = tl.load(q_ptr + rows[:, None] * stride_qt + kh * stride_qh + dk[None, :],
+                        mask=live[:, None], other=0.0).to(tl.float32)
+            k = tl.load(k_ptr + rows[:, None] * stride_kt + kh * stride_kh + dk[None, :],
+                        mask=live[:, None], other=0.0).to(tl.float32)
+            v = tl.load(v_ptr + rows[:, None] * stride_vt + h * stride_vh + dv[None, :],
+                        mask=live[:, None], other=0.0).to(tl.float32)
+            g = tl.load(g_ptr + rows * stride_g + h, mask=live, other=0.0)
+            beta = tl.load(beta_ptr + rows * stride_beta + h, mask=live, other=0.0)
+            q = _l2norm_rows(q, 1e-6) * scale
+            k = _l2norm_rows(k, 1e-6)
+            cum = tl.cumsum(g, axis=0)  # G: log-decay from the chunk start, non-increasing
+            # exp(G_i - G_j) for j <= i, masked before exp (the upper side would overflow)
+            decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], float("-inf")))
+            k_beta = k * beta[:, None]
+            a = tl.where(strict, tl.dot(k_beta, tl.trans(k), input_precision=PRECISION)
+                         * decay, 0.0)
+            inv = _unit_lower_inverse(a, C, SUB, SQUARINGS, PRECISION)
+            u = tl.dot(inv, v * beta[:, None], input_precision=PRECISION)
+            w = tl.dot(inv, k_beta * tl.exp(cum)[:, None], input_precision=PRECISION)
+            delta = u - tl.dot(w, s, input_precision=PRECISION)  # [C, BV]
+            intra = tl.dot(q, tl.trans(k), input_precision=PRECISION) * decay
+            o = (tl.dot(q * tl.exp(cum)[:, None], s, input_precision=PRECISION)
+                 + tl.dot(intra, delta, input_precision=PRECISION))
+            tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + dv[None, :],
+                     o.to(o_ptr.dtype.element_ty), mask=live[:, None])
+            total = tl.sum(g, axis=0)
+            k_to_end = k * tl.exp(total - cum)[:, None]
+            s = s * tl.exp(total) + tl.dot(tl.trans(k_to_end), delta, input_precision=PRECISION)
+        tl.store(state, s)
+
+    _gdn_chunked_kernel = triton.autotune(
+        _configs([(32, 4), (64, 4), (32, 8), (64, 8)]), key=["DK", "DV", "GROUP"],
+        prune_configs_by={"early_config_prune": _fit_dv},
+        restore_value=["states_ptr"])(_gdn_chunked_kernel)

@@ -1,0 +1,217 @@
+"""The GDN kernels (fused decode, varlen conv, chunked rule) against their torch references.
+
+On CPU the kernels run in Triton's interpreter with exact fp32 dots, so fp32 results agree to
+rounding; on CUDA the chunked kernel's dots are tf32 and get a looser bound. Shapes are tiny
+but keep the real structure: grouped value heads (3 per k-head, as in the 27B), dk != dv,
+segments of 1 token, shorter than the conv window, and across chunk boundaries.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer_runtime.ops.conv import (
+    causal_conv1d,
+    causal_conv1d_varlen,
+    causal_conv1d_varlen_ref,
+)
+from ninfer_runtime.ops.gdn import (
+    chunk_gated_delta_rule,
+    gated_delta_rule_varlen,
+    gated_delta_rule_varlen_ref,
+    gdn_decode,
+    gdn_decode_ref,
+    gdn_gating,
+    recurrent_gated_delta_rule,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16
+NK, NV, DK, DV, K, SLOTS = 2, 6, 32, 16, 4, 9
+CONV_DIM = 2 * NK * DK + NV * DV
+
+
+@pytest.fixture(autouse=True)
+def kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NINFER_OPS", "triton")
+
+
+def rand(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    t = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    return t.to(DEVICE, dtype)
+
+
+def segments(lengths: list[int], slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    return cu.to(DEVICE), torch.tensor(slots).to(DEVICE)
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, tol: float | None = None) -> None:
+    """Half types within a few rounding steps (the conv output is rounded before use, so an
+    fp32-order flip of one bit there moves everything downstream a little); fp32 to 1e-5, or
+    to `tol` where tf32 dots are involved."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    if expected.dtype == torch.float32:
+        tol = tol or 1e-5
+        torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
+    else:
+        step = 2.0 ** -(8 if expected.dtype == torch.bfloat16 else 11)
+        torch.testing.assert_close(actual, expected, rtol=4 * step, atol=4 * step)
+
+
+def decode_inputs(n: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """gdn_decode's arguments but the segments: strided row views, as the layer cuts them."""
+    a_log = (torch.rand(NV, generator=torch.Generator().manual_seed(7)) * 2 + 0.01).log()
+    ba = rand(n, 2 * NV, seed=2, dtype=dtype)
+    return {
+        "mixed_qkv": rand(n, CONV_DIM + 40, seed=1, dtype=dtype)[:, 8:8 + CONV_DIM],
+        "b": ba[:, :NV], "a": ba[:, NV:],
+        "conv_weight": rand(CONV_DIM, K, seed=3, dtype=dtype) * 0.5,
+        "A_log": a_log.to(DEVICE), "dt_bias": rand(NV, seed=4),
+        "conv_states": rand(SLOTS, CONV_DIM, K - 1, seed=5, dtype=dtype),
+        "states": rand(SLOTS, NV, DK, DV, seed=6) * 0.3,
+    }
+
+
+def run_decode(fn, x: dict[str, torch.Tensor], cu: torch.Tensor, slots: torch.Tensor,
+               snapshots: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    conv, states = x["conv_states"].clone(), x["states"].clone()
+    args = {**x, "conv_states": conv, "states": states}
+    return fn(**args, cu_seqlens=cu, slots=slots, snapshot_slots=snapshots), conv, states
+
+
+@pytest.mark.parametrize("dtype", [HALF, torch.float32])
+def test_decode_matches_reference(dtype: torch.dtype) -> None:
+    """Single tokens on scattered slots, a 3-token segment updated in place, and an empty
+    segment (a padded batch entry), whose slot 8 must come back as it was."""
+    cu, slots = segments([1, 1, 3, 0, 1], [4, 0, 7, 8, 2])
+    x = decode_inputs(6, dtype)
+    out, conv, states = run_decode(gdn_decode, x, cu, slots)
+    ref_out, ref_conv, ref_states = run_decode(gdn_decode_ref, x, cu, slots)
+    close(out, ref_out)
+    close(conv, ref_conv)
+    close(states, ref_states)
+    untouched = [s for s in range(SLOTS) if s not in (4, 0, 7, 2)]
+    assert torch.equal(states[untouched], x["states"][untouched])
+    assert torch.equal(conv[untouched], x["conv_states"][untouched])
+
+
+def test_decode_snapshots_hold_the_state_after_each_token() -> None:
+    """Speculative verification: 4 tokens of one sequence, the state after each in its own
+    slot; the own slot stays as it was. A second sequence's last token snapshots into its own
+    slot. Each snapshot equals the prompt path run over the tokens up to it."""
+    cu, slots = segments([4, 2], [0, 1])
+    snapshots = torch.tensor([5, 8, 3, 6, 2, 1], device=DEVICE)
+    x = decode_inputs(6, torch.float32)
+    out, conv, states = run_decode(gdn_decode, x, cu, slots, snapshots)
+    ref_out, ref_conv, ref_states = run_decode(gdn_decode_ref, x, cu, slots, snapshots)
+    close(out, ref_out)
+    close(conv, ref_conv)
+    close(states, ref_states)
+    assert torch.equal(states[0], x["states"][0]) and torch.equal(conv[0], x["conv_states"][0])
+
+    g, beta = gdn_gating(x["a"], x["b"], x["A_log"], x["dt_bias"])
+    for i, snap in enumerate([5, 8, 3, 6]):
+        y, conv_state = causal_conv1d(x["mixed_qkv"][:i + 1], x["conv_weight"],
+                                      x["conv_states"][0])
+        q, k, v = y.split([NK * DK, NK * DK, NV * DV], dim=-1)
+        o, state = chunk_gated_delta_rule(
+            q.reshape(-1, NK, DK), k.reshape(-1, NK, DK), v.reshape(-1, NV, DV), g[:i + 1],
+            beta[:i + 1], x["states"][0])
+        close(conv[snap], conv_state)
+        close(states[snap], state, tol=1e-4)
+        close(out[i], o[i], tol=1e-4)
+
+
+def test_decode_reference_is_the_layer_path() -> None:
+    """The fused reference computes what conv varlen + gating + the varlen rule compute."""
+    cu, slots = segments([1, 1, 1], [3, 0, 6])
+    x = decode_inputs(3, torch.float32)
+    fused, conv, states = run_decode(gdn_decode_ref, x, cu, slots)
+    conv2, states2 = x["conv_states"].clone(), x["states"].clone()
+    y = causal_conv1d_varlen_ref(x["mixed_qkv"], x["conv_weight"], conv2, cu, slots)
+    q, k, v = y.split([NK * DK, NK * DK, NV * DV], dim=-1)
+    g, beta = gdn_gating(x["a"], x["b"], x["A_log"], x["dt_bias"])
+    out = gated_delta_rule_varlen_ref(q.reshape(3, NK, DK), k.reshape(3, NK, DK),
+                                      v.reshape(3, NV, DV), g, beta, states2, cu, slots)
+    close(fused, out)
+    close(conv, conv2)
+    close(states, states2)
+
+
+@pytest.mark.parametrize("dtype", [HALF, torch.float32])
+def test_conv_varlen_matches_reference(dtype: torch.dtype) -> None:
+    """Decode rows, a segment shorter than the window, one spanning time tiles."""
+    channels = 100
+    cu, slots = segments([1, 5, 2, 70, 1], [3, 0, 5, 1, 4])
+    x = rand(79, channels + 7, seed=1, dtype=dtype)[:, 3:3 + channels]
+    weight = rand(channels, K, seed=2, dtype=dtype)
+    states = rand(6, channels, K - 1, seed=3, dtype=dtype)
+    got_states, ref_states = states.clone(), states.clone()
+    out = causal_conv1d_varlen(x, weight, got_states, cu, slots)
+    ref = causal_conv1d_varlen_ref(x, weight, ref_states, cu, slots)
+    close(out, ref)
+    assert torch.equal(got_states, ref_states)
+
+
+def test_empty_segments_keep_their_state() -> None:
+    """A zero-length segment (a padded batch entry) leaves its slot as it was, in the conv
+    and in the chunked rule (whose references cannot take empty segments)."""
+    cu, slots = segments([2, 0], [0, 1])
+    conv = rand(2, 8, K - 1, seed=3)
+    got = conv.clone()
+    causal_conv1d_varlen(rand(2, 8, seed=1), rand(8, K, seed=2), got, cu, slots)
+    assert torch.equal(got[1], conv[1]) and not torch.equal(got[0], conv[0])
+
+    states = rand(2, NV, DK, DV, seed=6)
+    got = states.clone()
+    gated_delta_rule_varlen(**chunked_inputs(2, torch.float32), states=got, cu_seqlens=cu,
+                            slots=slots)
+    assert torch.equal(got[1], states[1]) and not torch.equal(got[0], states[0])
+
+
+def chunked_inputs(n: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    qkv = rand(n, 2 * NK * DK + NV * DV, seed=1, dtype=dtype)
+    q, k, v = qkv.split([NK * DK, NK * DK, NV * DV], dim=-1)  # strided, as in the layer
+    a_log = (torch.rand(NV, generator=torch.Generator().manual_seed(7)) * 2 + 0.01).log()
+    g, beta = gdn_gating(rand(n, NV, seed=2), rand(n, NV, seed=3), a_log.to(DEVICE),
+                         rand(NV, seed=4))
+    return {"q": q.reshape(n, NK, DK), "k": k.reshape(n, NK, DK), "v": v.reshape(n, NV, DV),
+            "g": g, "beta": beta}
+
+
+# dots are exact in the interpreter, tf32 on the GPU
+CHUNK_TOL = 1e-2 if DEVICE == "cuda" else 2e-5
+
+
+@pytest.mark.parametrize("dtype", [HALF, torch.float32])
+def test_chunked_varlen_matches_reference(dtype: torch.dtype) -> None:
+    """A decode row, exactly one chunk, a chunk and a bit, a short prompt; scattered slots."""
+    cu, slots = segments([1, 64, 100, 3], [5, 0, 2, 7])
+    x = chunked_inputs(168, dtype)
+    states = rand(SLOTS, NV, DK, DV, seed=6) * 0.3
+    got, ref = states.clone(), states.clone()
+    out = gated_delta_rule_varlen(**x, states=got, cu_seqlens=cu, slots=slots)
+    expected = gated_delta_rule_varlen_ref(**x, states=ref, cu_seqlens=cu, slots=slots)
+    if dtype == torch.float32:
+        close(out, expected, tol=CHUNK_TOL)
+    else:
+        close(out, expected)
+    close(got, ref, tol=CHUNK_TOL)
+
+
+def test_chunked_is_stable_on_correlated_keys() -> None:
+    """Nearly identical keys with beta ~ 1 and no decay: the triangular system's power series
+    would blow up; the blockwise inverse must still match the recurrence."""
+    n = 130
+    x = chunked_inputs(n, torch.float32)
+    x["k"] = rand(1, NK, DK, seed=9) + 0.01 * x["k"]
+    x["g"], x["beta"] = torch.full_like(x["g"], -1e-3), torch.full_like(x["beta"], 0.999)
+    state = rand(1, NV, DK, DV, seed=6)
+    got = state.clone()
+    out = gated_delta_rule_varlen(**x, states=got, cu_seqlens=torch.tensor([0, n]).to(DEVICE),
+                                  slots=torch.tensor([0]).to(DEVICE))
+    expected, final = recurrent_gated_delta_rule(**x, state=state[0])
+    close(out, expected, tol=CHUNK_TOL)
+    close(got[0], final, tol=CHUNK_TOL)
