@@ -67,3 +67,7 @@ def kernels(only: tuple[str, ...], device: str, output: Path) -> None:
     (output / "kernels.md").write_text(
         f"GPU {gpu}, commit {report['commit']}, {report['date']}\n\n" + _markdown(rows))
     click.echo(_markdown(rows))
+
+
+if __name__ == "__main__":
+    main()

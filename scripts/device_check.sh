@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One GPU-machine session in one command (see ../shared/device/README.md): install the carried
+# wheels, run the tests on CUDA, run the kernel benchmarks; results land in $OUT.
+# Usage (device tool, carry [".whl"]): bash scripts/device_check.sh [pytest paths...]
+set -uo pipefail
+out=${OUT:-out/device}
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$(ls -d "$PWD"/packages/*/src | paste -sd:):${PYTHONPATH:-}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
+  | tee -a "$out/gpu.txt"
+tests=("$@")
+[ ${#tests[@]} -gt 0 ] || tests=(tests/kernels tests/test_quant.py tests/engine tests/test_llm.py)
+timeout 300 python3 -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tail -40 \
+  | tee "$out/gpu_tests.txt"
+timeout 240 python3 -m ninfer_bench.cli kernels --output "$out" 2>&1 | tail -60 \
+  | tee "$out/bench_log.txt"
