@@ -43,6 +43,8 @@ class StepBatch:
     slot_mapping: torch.Tensor  # [N]: flat KV slot (page * page_size + offset) of each token
     state_slots: torch.Tensor  # [B]: GDN state slot of each sequence
     logits_rows: torch.Tensor  # [R]: rows whose logits the caller needs, in segment order
+    # NOTE: host-side, so layers choose the one-token (decode) kernels without a device sync
+    decode_only: bool = False  # every segment is a single token
 
     @property
     def num_tokens(self) -> int:
@@ -87,4 +89,5 @@ class StepBatch:
             slot_mapping=tensor(slots),
             state_slots=tensor([s.state_slot for s in segments]),
             logits_rows=tensor(rows),
+            decode_only=all(len(s.token_ids) == 1 for s in segments),
         )

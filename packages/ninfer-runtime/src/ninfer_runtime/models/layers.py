@@ -26,7 +26,7 @@ from ninfer_runtime.models.weights import (
 from ninfer_runtime.ops.activation import silu_and_mul
 from ninfer_runtime.ops.attention import paged_attention, store_kv
 from ninfer_runtime.ops.conv import causal_conv1d_varlen
-from ninfer_runtime.ops.gdn import gated_delta_rule_varlen, gdn_gating
+from ninfer_runtime.ops.gdn import gated_delta_rule_varlen, gdn_decode, gdn_gating
 from ninfer_runtime.ops.linear import linear
 from ninfer_runtime.ops.moe import moe_experts, route
 from ninfer_runtime.ops.norm import add_rms_norm, gated_rms_norm, rms_norm
@@ -44,8 +44,8 @@ def gated_attention(x: torch.Tensor, w: AttentionWeights, kv: PagedKV, batch: St
     q, k = qk_norm_rope(q, k.reshape(n, nkv, hd), w.q_norm, w.k_norm, *rope, cfg.rms_norm_eps)
     store_kv(k, v.reshape(n, nkv, hd), kv.k, kv.v, kv.k_scale, kv.v_scale, batch.slot_mapping)
     out = paged_attention(q, kv.k, kv.v, kv.k_scale, kv.v_scale, batch.page_tables,
-                          batch.cu_seqlens, batch.context_lens, hd**-0.5)
-    return linear(out.reshape(n, nq * hd) * torch.sigmoid(gate.reshape(n, nq * hd)), w.o_proj)
+                          batch.cu_seqlens, batch.context_lens, hd**-0.5, gate=gate)
+    return linear(out.reshape(n, nq * hd), w.o_proj)
 
 
 def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: StepBatch,
@@ -56,14 +56,18 @@ def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: Step
     key_dim = cfg.linear_key_dim
     mixed, z = linear(x, w.in_proj_qkvz).split([cfg.conv_dim, cfg.linear_value_dim], dim=-1)
     b, a = linear(x, w.in_proj_ba).chunk(2, dim=-1)
-    mixed = causal_conv1d_varlen(mixed, w.conv1d, state.conv, batch.cu_seqlens,
-                                 batch.state_slots)
-    q, k, v = mixed.split([key_dim, key_dim, cfg.linear_value_dim], dim=-1)
-    q = q.reshape(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
-    k = k.reshape(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
-    g, beta = gdn_gating(a, b, w.A_log, w.dt_bias)
-    out = gated_delta_rule_varlen(q, k, v.reshape(n, nv, dv), g, beta, state.recurrent,
-                                  batch.cu_seqlens, batch.state_slots)
+    if batch.decode_only:  # conv, gating and the recurrent update fused in one pass
+        out = gdn_decode(mixed, a, b, w.conv1d, w.A_log, w.dt_bias, state.conv,
+                         state.recurrent, batch.cu_seqlens, batch.state_slots)
+    else:
+        mixed = causal_conv1d_varlen(mixed, w.conv1d, state.conv, batch.cu_seqlens,
+                                     batch.state_slots)
+        q, k, v = mixed.split([key_dim, key_dim, cfg.linear_value_dim], dim=-1)
+        q = q.reshape(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
+        k = k.reshape(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
+        g, beta = gdn_gating(a, b, w.A_log, w.dt_bias)
+        out = gated_delta_rule_varlen(q, k, v.reshape(n, nv, dv), g, beta, state.recurrent,
+                                      batch.cu_seqlens, batch.state_slots)
     out = gated_rms_norm(out, z.reshape(n, nv, dv), w.norm, cfg.rms_norm_eps)
     return linear(out.reshape(n, nv * dv), w.out_proj)
 
