@@ -2,17 +2,58 @@
 
 The shared expert is an ordinary MLP gated by sigmoid(x . shared_expert_gate); the model
 composes it from `linear` and `silu_and_mul`.
+
+Each op has a torch reference (`*_ref`, the oracle and the CPU path) and a Triton path
+(ops.dispatch picks):
+
+- `route`: one program per token does softmax (fp32), top-k and the renormalisation.
+- `moe_experts`: the T*k (token, slot) pairs are sorted by expert into blocks of BLOCK_M rows
+  (`align`: every block belongs to one expert; an expert's last block is padded with a
+  sentinel), then two grouped GEMMs run over the blocks: gate|up with SiLU-and-mul fused into
+  the epilogue (-> hidden [padded rows, I]), then down scaled by the routing weight (-> one row
+  per (token, slot)); a sum over the k slots puts the result back in token order. Both GEMMs
+  read the stacked expert weights [E, N, K] as stored (bf16, nvfp4 or groupwise-int) and
+  dequantize them in registers. A program owns one (block, N tile), so at decode, where an
+  expert has fewer than BLOCK_M rows, each active expert's bytes are read exactly once.
+
+Dequantization in the kernels is exact where it can be: an E2M1 code times its E4M3 block
+scale has at most 6 significant bits and lies in [2^-10, 2688], so it is formed exactly in
+fp16 and then in the compute dtype (bf16 on the GPU); the fp32 per-row global scale multiplies
+the fp32 accumulator. groupwise-int multiplies (q - zero), exact in any float type, and applies
+the group scale to the fp32 partial sum of each K tile (a tile never straddles a 128-group).
+The reference instead rounds each dequantized weight to x.dtype; the two agree to rounding.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 
-from ninfer_runtime.ops.activation import silu_and_mul
-from ninfer_runtime.ops.linear import Weight, linear, select
+from ninfer_runtime.ops.dispatch import use_triton
+from ninfer_runtime.quant import PackedWeight
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only install: the references still run
+    triton = None
+
+ExpertWeight = torch.Tensor | PackedWeight
+
+# How the kernels read a stacked expert weight (a constexpr of the GEMM kernel).
+PLAIN, NVFP4, INT4 = 0, 1, 2
+_SCHEMES = {"nvfp4": NVFP4, "groupwise-int": INT4}
+INT4_GROUP = 128  # quant.groupwise_int.GROUP: a K tile must lie inside one group
+ALIGN_KERNEL_MAX = 4096  # (token, slot) pairs the one-program align kernel takes; more: torch
 
 
-def route(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+# ---- references ----
+
+
+def route_ref(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax (fp32) -> top-k -> renormalise: (weights fp32 [T, k], expert ids [T, k]).
 
     Qwen3.5 always renormalises the top-k probabilities (no norm_topk_prob switch).
@@ -22,8 +63,15 @@ def route(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.
     return weights / weights.sum(-1, keepdim=True), ids
 
 
-def moe_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor,
-                ids: torch.Tensor) -> torch.Tensor:
+def _expert(w: ExpertWeight, e: int, dtype: torch.dtype) -> torch.Tensor:
+    """Expert e of a stacked weight, dequantized to dtype."""
+    if isinstance(w, PackedWeight):
+        return w.scheme.dequantize_parts({r: p[e] for r, p in w.parts.items()}).to(dtype)
+    return w[e]
+
+
+def moe_experts_ref(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
+                    weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, H].
 
     gate_up [E, 2I, H] holds each expert's gate rows then up rows; down [E, H, I].
@@ -31,7 +79,432 @@ def moe_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.T
     out = torch.zeros_like(x)
     for e in ids.unique().tolist():  # reference: one dense matmul per used expert
         tokens, slots = (ids == e).nonzero(as_tuple=True)
-        h = silu_and_mul(linear(x[tokens], select(gate_up, e)))
-        y = linear(h, select(down, e)) * weights[tokens, slots, None].to(x.dtype)
-        out.index_add_(0, tokens, y)
+        gate, up = F.linear(x[tokens], _expert(gate_up, e, x.dtype)).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, _expert(down, e, x.dtype))
+        out.index_add_(0, tokens, y * weights[tokens, slots, None].to(x.dtype))
     return out
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """The (token, slot) pairs of a step sorted into per-expert blocks of `block_m` rows.
+
+    sorted_slots [num_blocks * block_m] int64: flat pair index t * k + j, or the sentinel
+    T * k on padding rows; block_expert [num_blocks] int64: the expert of each block, -1 for
+    blocks past the last used one (num_blocks is a bound known without reading the ids).
+    Within an expert, pairs keep their flat order.
+    """
+
+    sorted_slots: torch.Tensor
+    block_expert: torch.Tensor
+    block_m: int
+
+
+def _num_blocks(pairs: int, num_experts: int, block_m: int) -> int:
+    """An upper bound on sum_e ceil(count_e / block_m) over the used experts, from sizes
+    alone: each used expert wastes less than one block."""
+    used = min(num_experts, pairs)
+    return -(-(pairs + used * (block_m - 1)) // block_m)
+
+
+def align_ref(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
+    """Sort the pairs by expert with torch ops (no host sync: sizes come from the bound)."""
+    flat = ids.reshape(-1)
+    n, device = flat.numel(), flat.device
+    num_blocks = _num_blocks(n, num_experts, block_m)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    blocks = (counts + block_m - 1) // block_m
+    block_end = blocks.cumsum(0)
+    order = flat.argsort(stable=True)
+    expert = flat[order]
+    rank = torch.arange(n, device=device) - (counts.cumsum(0) - counts)[expert]
+    sorted_slots = torch.full((num_blocks * block_m,), n, dtype=torch.int64, device=device)
+    sorted_slots[(block_end - blocks)[expert] * block_m + rank] = order
+    block = torch.arange(num_blocks, device=device)
+    owner = torch.searchsorted(block_end, block, right=True)
+    return Alignment(sorted_slots, torch.where(owner < num_experts, owner, -1), block_m)
+
+
+# ---- public ops ----
+
+
+def route(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax (fp32) -> top-k -> renormalise: (weights fp32 [T, k], expert ids [T, k])."""
+    if not use_triton(router_logits) or router_logits.shape[0] == 0:
+        return route_ref(router_logits, top_k)
+    return _launch_route(router_logits, top_k)
+
+
+def align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
+    """`align_ref`, by one Triton program when there are few pairs (decode: one launch)."""
+    if not use_triton(ids) or ids.numel() > ALIGN_KERNEL_MAX:
+        return align_ref(ids, num_experts, block_m)
+    return _launch_align(ids, num_experts, block_m)
+
+
+def moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
+                weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, H] (see `moe_experts_ref`)."""
+    tensors = [x, weights, ids, *_tensors(gate_up), *_tensors(down)]
+    if (not use_triton(*tensors) or x.shape[0] == 0 or not _supported(gate_up)
+            or not _supported(down)):
+        return moe_experts_ref(x, gate_up, down, weights, ids)
+    return _launch_moe_experts(x, gate_up, down, weights, ids)
+
+
+def _tensors(w: ExpertWeight) -> list[torch.Tensor]:
+    return list(w.parts.values()) if isinstance(w, PackedWeight) else [w]
+
+
+def _supported(w: ExpertWeight) -> bool:
+    return not isinstance(w, PackedWeight) or w.scheme.name in _SCHEMES
+
+
+# ---- launchers ----
+
+
+@dataclass(frozen=True)
+class _Experts:
+    """A stacked expert weight [E, N, K] as the GEMM kernel reads it.
+
+    PLAIN: weight [E, N, K]. NVFP4: weight uint8 [E, N, K/2], scale the E4M3 bytes as uint8
+    [E, N, K/16], aux the fp32 global scale [E, N]. INT4: weight uint8 [E, N, K/2], scale bf16
+    [E, N, K/128], aux the uint8 zero [E, N, K/128]. Unused parts alias the weight.
+    """
+
+    scheme: int
+    weight: torch.Tensor
+    scale: torch.Tensor
+    aux: torch.Tensor
+    shape: tuple[int, int, int]
+
+    @classmethod
+    def of(cls, w: ExpertWeight, name: str) -> _Experts:
+        if not isinstance(w, PackedWeight):
+            scheme, parts = PLAIN, (w, w, w)
+        elif w.scheme.name == "nvfp4":
+            p = w.parts
+            scheme = NVFP4
+            parts = (p["weight"], p["weight_scale"].view(torch.uint8), p["weight_scale_2"])
+        else:
+            p = w.parts
+            scheme, parts = INT4, (p["weight"], p["weight_scale"], p["weight_zero"])
+        shape = tuple(w.shape)
+        assert len(shape) == 3, f"moe_experts: {name} must be stacked [E, N, K], got {shape}"
+        for t in parts:
+            assert t.stride(-1) == 1, f"moe_experts: {name} needs a contiguous last dim"
+        return cls(scheme, *parts, shape)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _block_m(pairs: int, num_experts: int) -> int:
+    """Rows per block from the mean rows per used expert: 16 at decode (one block each),
+    up to 64 for long prefills (fewer weight re-reads per row)."""
+    mean = pairs / min(num_experts, pairs)
+    return 16 if mean <= 16 else 32 if mean <= 32 else 64
+
+
+def _launch_route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    assert logits.dim() == 2 and logits.stride(1) == 1, \
+        f"route: need [T, E] with contiguous columns, got {tuple(logits.shape)}"
+    t, e = logits.shape
+    assert 0 < top_k <= e, f"route: top_k {top_k} of {e} experts"
+    weights = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((t, top_k), dtype=torch.int64, device=logits.device)
+    block_e = triton.next_power_of_2(e)
+    _route_kernel[(t,)](logits, logits.stride(0), weights, ids, e, TOP_K=top_k,
+                        TOP_K_P2=triton.next_power_of_2(top_k), BLOCK_E=block_e,
+                        num_warps=max(1, min(8, block_e // 128)))
+    return weights, ids
+
+
+def _launch_align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
+    flat = ids.reshape(-1)
+    assert flat.dtype == torch.int64 and flat.is_contiguous(), "align: need contiguous int64"
+    n = flat.numel()
+    num_blocks = _num_blocks(n, num_experts, block_m)
+    sorted_slots = torch.empty(num_blocks * block_m, dtype=torch.int64, device=flat.device)
+    block_expert = torch.empty(num_blocks, dtype=torch.int64, device=flat.device)
+    _align_kernel[(1,)](flat, sorted_slots, block_expert, n, num_blocks,
+                        BLOCK_M=block_m, EXPERTS=triton.next_power_of_2(num_experts),
+                        CHUNK=32, num_warps=4)
+    return Alignment(sorted_slots, block_expert, block_m)
+
+
+def _launch_grouped(a: torch.Tensor, w: _Experts, out: torch.Tensor, al: Alignment,
+                    weights: torch.Tensor, top_k: int, swiglu: bool) -> None:
+    """One grouped GEMM over the aligned blocks.
+
+    swiglu: a = x [T, K] gathered by token, out = hidden [padded rows, N] with N = I, the
+    weight's rows [0, I) gate and [I, 2I) up. Otherwise: a = hidden [padded rows, K], out =
+    [T * k, N] scattered by pair and scaled by its routing weight.
+    """
+    _, n_rows, k = w.shape
+    n = n_rows // 2 if swiglu else n_rows
+    assert a.stride(1) == 1 and out.stride(1) == 1 and a.shape[1] == k, \
+        f"moe_experts: activations {tuple(a.shape)} vs weight {w.shape}"
+    if w.scheme == INT4:
+        assert k % INT4_GROUP == 0, f"moe_experts: groupwise-int K {k} not a multiple of 128"
+    num_blocks = al.block_expert.shape[0]
+
+    def grid(meta: dict) -> tuple[int, int]:
+        return num_blocks, triton.cdiv(n, meta["BLOCK_N"])
+
+    _grouped_gemm_kernel[grid](
+        a, a.stride(0), w.weight, w.scale, w.aux,
+        w.weight.stride(0), w.weight.stride(1), w.scale.stride(0), w.scale.stride(1),
+        w.aux.stride(0), w.aux.stride(1),
+        out, out.stride(0), al.sorted_slots, al.block_expert, weights,
+        n, k, weights.numel(), top_k,
+        SCHEME=w.scheme, SWIGLU=swiglu, BLOCK_M=al.block_m,
+        DOT_PRECISION=_dot_precision(a.dtype))
+
+
+def _launch_moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
+                        weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    gu, dn = _Experts.of(gate_up, "gate_up"), _Experts.of(down, "down")
+    t, h = x.shape
+    num_experts, inter = gu.shape[0], gu.shape[1] // 2
+    assert gu.shape[2] == h and dn.shape == (num_experts, h, inter), \
+        f"moe_experts: gate_up {gu.shape} and down {dn.shape} do not fit x {tuple(x.shape)}"
+    top_k = ids.shape[1]
+    pairs = t * top_k
+    al = align(ids.to(torch.int64).contiguous(), num_experts, _block_m(pairs, num_experts))
+    weights = weights.contiguous()
+    hidden = torch.empty((al.sorted_slots.shape[0], inter), dtype=x.dtype, device=x.device)
+    _launch_grouped(x, gu, hidden, al, weights, top_k, swiglu=True)
+    y = torch.empty((pairs, h), dtype=x.dtype, device=x.device)
+    _launch_grouped(hidden, dn, y, al, weights, top_k, swiglu=False)
+    return y.view(t, top_k, h).sum(1)  # accumulates in fp32, rounds once
+
+
+def _gemm_configs() -> list[triton.Config]:
+    """Autotuning candidates; the interpreter gets one (it is slow and has nothing to tune).
+
+    BLOCK_K divides the int4 group (128) and gives each of the two half-K dots >= 16. Few
+    candidates (each is compiled per key): narrow N tiles spread decode's 8 experts over more
+    programs, wide ones with 8 warps suit the 64-row prefill blocks.
+    """
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 64}, num_warps=4, num_stages=1)]
+    shapes = [(32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 3),
+              (128, 64, 8, 3), (128, 128, 8, 3)]
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+            for bn, bk, w, s in shapes]
+
+
+# ---- kernels ----
+
+if triton is not None:
+
+    @triton.jit
+    def _route_kernel(logits, stride_t, weights_out, ids_out, num_experts,
+                      TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr, BLOCK_E: tl.constexpr):
+        """Token program_id(0): softmax over its experts, top-k by repeated argmax (lowest
+        expert id on ties), the k probabilities renormalised."""
+        t = tl.program_id(0).to(tl.int64)
+        e = tl.arange(0, BLOCK_E)
+        mask = e < num_experts
+        z = tl.load(logits + t * stride_t + e, mask=mask, other=float("-inf")).to(tl.float32)
+        p = tl.exp(z - tl.max(z, axis=0))
+        p = tl.where(mask, p, 0.0)
+        p = p / tl.sum(p, axis=0)
+        work = tl.where(mask, p, -1.0)  # padding lanes lose to any probability
+        slot = tl.arange(0, TOP_K_P2)
+        top = tl.zeros([TOP_K_P2], dtype=tl.float32)
+        top_ids = tl.zeros([TOP_K_P2], dtype=tl.int64)
+        for j in tl.static_range(TOP_K):
+            best = tl.max(work, axis=0)
+            idx = tl.min(tl.where(work == best, e, BLOCK_E), axis=0)
+            top = tl.where(slot == j, best, top)
+            top_ids = tl.where(slot == j, idx.to(tl.int64), top_ids)
+            work = tl.where(e == idx, -2.0, work)
+        top = top / tl.sum(top, axis=0)
+        out = t * TOP_K + slot
+        tl.store(weights_out + out, top, mask=slot < TOP_K)
+        tl.store(ids_out + out, top_ids, mask=slot < TOP_K)
+
+    @triton.jit
+    def _align_kernel(flat_ids, sorted_slots, block_expert, n, num_blocks,
+                      BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
+        """One program: align_ref's sort in three sweeps over CHUNK pairs or blocks.
+
+        A [CHUNK, EXPERTS] one-hot stands in for gathers from per-expert register vectors.
+        The stores are disjoint (pairs to their rows, the sentinel to the padding rows), so
+        no barrier is needed.
+        """
+        experts = tl.arange(0, EXPERTS)
+        lane = tl.arange(0, CHUNK)
+        counts = tl.zeros([EXPERTS], dtype=tl.int32)
+        for c0 in range(0, n, CHUNK):
+            e = tl.load(flat_ids + c0 + lane, mask=c0 + lane < n, other=EXPERTS)
+            counts += tl.sum((e[:, None] == experts[None, :]).to(tl.int32), axis=0)
+        blocks = (counts + BLOCK_M - 1) // BLOCK_M
+        block_end = tl.cumsum(blocks, axis=0)
+        first_row = (block_end - blocks) * BLOCK_M
+        total = tl.sum(blocks, axis=0)
+        # blocks: owner expert (or -1), and the sentinel on rows past the owner's count
+        row = tl.arange(0, BLOCK_M)
+        for b0 in range(0, num_blocks, CHUNK):
+            b = b0 + lane
+            owner = tl.sum((block_end[None, :] <= b[:, None]).to(tl.int32), axis=1)
+            hot = owner[:, None] == experts[None, :]
+            count = tl.sum(tl.where(hot, counts[None, :], 0), axis=1)
+            start = tl.sum(tl.where(hot, first_row[None, :], 0), axis=1)
+            used = b < total
+            tl.store(block_expert + b, tl.where(used, owner, -1).to(tl.int64),
+                     mask=b < num_blocks)
+            flat_row = b[:, None] * BLOCK_M + row[None, :]
+            pad = (flat_row - start[:, None] >= count[:, None]) | ~used[:, None]
+            tl.store(sorted_slots + flat_row, tl.full([CHUNK, BLOCK_M], n, tl.int64),
+                     mask=pad & (b[:, None] < num_blocks))
+        # pairs: row = expert's first row + pairs of that expert before this one
+        seen = tl.zeros([EXPERTS], dtype=tl.int32)
+        for c0 in range(0, n, CHUNK):
+            i = c0 + lane
+            valid = i < n
+            e = tl.load(flat_ids + i, mask=valid, other=EXPERTS)
+            hot = e[:, None] == experts[None, :]
+            base = tl.sum(tl.where(hot, (first_row + seen)[None, :], 0), axis=1)
+            earlier = (e[:, None] == e[None, :]) & (lane[None, :] < lane[:, None])
+            rank = tl.sum(earlier.to(tl.int32), axis=1)
+            tl.store(sorted_slots + base + rank, i.to(tl.int64), mask=valid)
+            seen += tl.sum(hot.to(tl.int32), axis=0)
+
+    @triton.jit
+    def _e2m1_f16(codes):
+        """4-bit E2M1 codes (uint8, 0..15) -> exact fp16 values: sign to bit 15, exponent and
+        mantissa to bits 9..11, then x 2^14 (the fp16/E2M1 exponent bias gap)."""
+        c = codes.to(tl.uint16)
+        bits = ((c & 8) << 12) | ((c & 7) << 9)
+        return bits.to(tl.float16, bitcast=True) * 16384.0
+
+    @triton.jit
+    def _e4m3_f16(raw):
+        """float8_e4m3fn bytes (uint8, never NaN) -> exact fp16: sign to bit 15, exponent and
+        mantissa to bits 7..14, then x 2^8 (the bias gap); subnormals map the same way."""
+        r = raw.to(tl.uint16)
+        bits = ((r & 0x80) << 8) | ((r & 0x7F) << 7)
+        return bits.to(tl.float16, bitcast=True) * 256.0
+
+    @triton.jit
+    def _weight_dot(acc, a_lo, a_hi, w, scale, aux, e, rows, row_mask, k0, K,
+                    stride_we, stride_wn, stride_se, stride_sn, stride_ae, stride_an,
+                    SCHEME: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
+        """acc [BLOCK_M, BLOCK_N] += a @ W[e, rows, k0:k0+BLOCK_K]^T, W dequantized here.
+
+        PLAIN: a_lo is the whole [BLOCK_M, BLOCK_K] tile. Packed schemes: a_lo / a_hi hold the
+        even / odd columns, which meet the low / high nibbles of each byte, so the packed
+        tile is used as loaded, without interleaving.
+        """
+        cdt = a_lo.dtype
+        if SCHEME == 0:
+            kk = k0 + tl.arange(0, BLOCK_K)
+            b = tl.load(w + e * stride_we + rows[None, :] * stride_wn + kk[:, None],
+                        mask=row_mask[None, :] & (kk[:, None] < K), other=0.0)
+            acc = tl.dot(a_lo, b.to(cdt), acc, input_precision=DOT_PRECISION)
+        else:
+            HALF: tl.constexpr = BLOCK_K // 2
+            kb = k0 // 2 + tl.arange(0, HALF)
+            byte_mask = row_mask[None, :] & (kb[:, None] < K // 2)
+            packed = tl.load(w + e * stride_we + rows[None, :] * stride_wn + kb[:, None],
+                             mask=byte_mask, other=0)  # [HALF, BLOCK_N] uint8
+            if SCHEME == 1:
+                BLOCKS: tl.constexpr = BLOCK_K // 16
+                ks = k0 // 16 + tl.arange(0, BLOCKS)
+                s = _e4m3_f16(tl.load(scale + e * stride_se + rows[None, :] * stride_sn
+                                      + ks[:, None],
+                                      mask=row_mask[None, :] & (ks[:, None] < K // 16),
+                                      other=0))[:, None, :]  # [BLOCKS, 1, BLOCK_N]
+                lo = tl.reshape(tl.reshape(_e2m1_f16(packed & 15), (BLOCKS, 8, BLOCK_N)) * s,
+                                (HALF, BLOCK_N))
+                hi = tl.reshape(tl.reshape(_e2m1_f16(packed >> 4), (BLOCKS, 8, BLOCK_N)) * s,
+                                (HALF, BLOCK_N))
+                acc = tl.dot(a_lo, lo.to(cdt), acc, input_precision=DOT_PRECISION)
+                acc = tl.dot(a_hi, hi.to(cdt), acc, input_precision=DOT_PRECISION)
+            else:
+                g = k0 // 128
+                zero = tl.load(aux + e * stride_ae + rows * stride_an + g, mask=row_mask,
+                               other=0).to(tl.int16)
+                step = tl.load(scale + e * stride_se + rows * stride_sn + g, mask=row_mask,
+                               other=0.0).to(tl.float32)
+                lo = ((packed & 15).to(tl.int16) - zero[None, :]).to(cdt)
+                hi = ((packed >> 4).to(tl.int16) - zero[None, :]).to(cdt)
+                part = tl.dot(a_lo, lo, input_precision=DOT_PRECISION)
+                part = tl.dot(a_hi, hi, part, input_precision=DOT_PRECISION)
+                acc += part * step[None, :]
+        return acc
+
+    @triton.jit
+    def _global_scale(acc, aux, e, rows, row_mask, stride_ae, stride_an,
+                      SCHEME: tl.constexpr):
+        """nvfp4: the per-row fp32 global scale, applied to the fp32 accumulator."""
+        if SCHEME == 1:
+            g = tl.load(aux + e * stride_ae + rows * stride_an, mask=row_mask, other=0.0)
+            acc = acc * g[None, :]
+        return acc
+
+    @triton.autotune(configs=_gemm_configs(), key=["N", "K", "SCHEME", "SWIGLU", "BLOCK_M"])
+    @triton.jit
+    def _grouped_gemm_kernel(
+        a, stride_am, w, scale, aux, stride_we, stride_wn, stride_se, stride_sn,
+        stride_ae, stride_an, out, stride_om, sorted_slots, block_expert, route_weights,
+        N, K, num_pairs, top_k,
+        SCHEME: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ):
+        """Program (block, N tile): the block's rows times its expert's weight rows.
+
+        SWIGLU: rows of a are tokens (pair // top_k); the gate and up accumulators meet in
+        silu(gate) * up, stored at the block's padded rows. Otherwise rows of a are the
+        padded rows and each result row, times its routing weight, goes to its pair's row.
+        """
+        pid_m = tl.program_id(0)
+        e = tl.load(block_expert + pid_m)
+        if e < 0:
+            return
+        padded = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        pair = tl.load(sorted_slots + padded)
+        valid = pair < num_pairs
+        a_rows = pair // top_k if SWIGLU else padded.to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_mask = cols < N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        a_base = a + a_rows[:, None] * stride_am
+        for k0 in range(0, K, BLOCK_K):
+            if SCHEME == 0:
+                kk = k0 + tl.arange(0, BLOCK_K)
+                a_lo = tl.load(a_base + kk[None, :], mask=valid[:, None] & (kk[None, :] < K),
+                               other=0.0)
+                a_hi = a_lo
+            else:
+                kk = k0 + 2 * tl.arange(0, BLOCK_K // 2)
+                a_mask = valid[:, None] & (kk[None, :] < K)
+                a_lo = tl.load(a_base + kk[None, :], mask=a_mask, other=0.0)
+                a_hi = tl.load(a_base + kk[None, :] + 1, mask=a_mask, other=0.0)
+            acc = _weight_dot(acc, a_lo, a_hi, w, scale, aux, e, cols, col_mask, k0, K,
+                              stride_we, stride_wn, stride_se, stride_sn, stride_ae,
+                              stride_an, SCHEME, BLOCK_N, BLOCK_K, DOT_PRECISION)
+            if SWIGLU:
+                acc_up = _weight_dot(acc_up, a_lo, a_hi, w, scale, aux, e, cols + N,
+                                     col_mask, k0, K, stride_we, stride_wn, stride_se,
+                                     stride_sn, stride_ae, stride_an, SCHEME, BLOCK_N,
+                                     BLOCK_K, DOT_PRECISION)
+        acc = _global_scale(acc, aux, e, cols, col_mask, stride_ae, stride_an, SCHEME)
+        store_mask = valid[:, None] & col_mask[None, :]
+        if SWIGLU:
+            up = _global_scale(acc_up, aux, e, cols + N, col_mask, stride_ae, stride_an,
+                               SCHEME)
+            h = acc / (1.0 + tl.exp(-acc)) * up
+            tl.store(out + padded[:, None] * stride_om + cols[None, :],
+                     h.to(out.dtype.element_ty), mask=store_mask)
+        else:
+            rw = tl.load(route_weights + pair, mask=valid, other=0.0)
+            tl.store(out + pair[:, None] * stride_om + cols[None, :],
+                     (acc * rw[:, None]).to(out.dtype.element_ty), mask=store_mask)

@@ -1,0 +1,105 @@
+"""The routed experts of one 35B-A3B MoE layer (H 2048, 256 experts, top-8, I 512).
+
+`moe_experts` is timed whole (align, gate|up + SiLU GEMM, down GEMM, the sum over slots) with
+bf16, nvfp4 and groupwise-int experts, plus `route`. Decode (1 and 8 tokens) is memory-bound:
+its ratio is the bytes of the experts the step routes to (each read once) over the copy
+bandwidth. A 4096-token prefill is compute-bound: its ratio is 2 * T * k * 3 * H * I FLOPs
+over the bf16 tensor-core rate. Routing is random (uniform), weights are random bytes in the
+stored layouts, and do_bench flushes L2 between runs, so every run reads its experts from HBM.
+Each row also times the torch reference (one dequantized matmul per used expert).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ninfer_runtime.ops.moe import moe_experts, moe_experts_ref, route, route_ref
+from ninfer_runtime.profiles import get_profile
+from ninfer_runtime.quant import PackedWeight, get_scheme
+
+HBM_BYTES_PER_S = 4.24e12
+BF16_FLOPS_PER_S = 789e12
+PROFILE = "qwen3_6_35b_a3b"
+DECODE_TOKENS = (1, 8)
+PREFILL_TOKENS = (4096,)
+SCHEMES = ("bf16", "nvfp4", "groupwise-int")
+
+
+def _experts(scheme: str, e: int, n: int, k: int, device: str) -> torch.Tensor | PackedWeight:
+    """Random stacked experts [e, n, k] in the stored layout of `scheme` (values ~ 1/sqrt(k))."""
+    if scheme == "bf16":
+        return (torch.randn(e, n, k, device=device) * k**-0.5).bfloat16()
+    codes = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device=device)
+    if scheme == "nvfp4":
+        parts = {"weight": codes,
+                 "weight_scale": torch.rand(e, n, k // 16, device=device).add_(0.5)
+                 .to(torch.float8_e4m3fn),
+                 "weight_scale_2": torch.full((e, n), 0.1 * k**-0.5, device=device)}
+    else:
+        parts = {"weight": codes,
+                 "weight_scale": torch.full((e, n, k // 128), 0.1 * k**-0.5, device=device,
+                                            dtype=torch.bfloat16),
+                 "weight_zero": torch.randint(0, 16, (e, n, k // 128), dtype=torch.uint8,
+                                              device=device)}
+    return PackedWeight(get_scheme(scheme), parts, (e, n, k))
+
+
+def _bytes_per_expert(w: torch.Tensor | PackedWeight) -> int:
+    tensors = w.parts.values() if isinstance(w, PackedWeight) else [w]
+    return sum(t[0].numel() * t.element_size() for t in tensors)
+
+
+def _time_us(fn: Callable[[], object]) -> float:
+    import triton
+
+    fn()  # compile and autotune outside the timing
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+
+
+def _row(op: str, shape: str, us: float, ref_us: float, work: int, flops: bool) -> dict:
+    ceiling = BF16_FLOPS_PER_S if flops else HBM_BYTES_PER_S
+    return {"op": op, "shape": shape, "time_us": us, ("flops" if flops else "bytes"): work,
+            "ceiling": f"{ceiling:.3g} {'FLOP/s' if flops else 'B/s'}",
+            "ratio_to_ceiling": work / (us * 1e-6) / ceiling, "ref_time_us": ref_us,
+            "speedup_vs_ref": ref_us / us}
+
+
+def _route_row(t: int, e: int, k: int, device: str) -> dict:
+    logits = torch.randn(t, e, device=device, dtype=torch.bfloat16)
+    return _row("route", f"35B-A3B T={t} E={e} k={k}", _time_us(lambda: route(logits, k)),
+                _time_us(lambda: route_ref(logits, k)), t * e * 2 + t * k * 16, False)
+
+
+def _experts_row(scheme: str, gate_up: torch.Tensor | PackedWeight,
+                 down: torch.Tensor | PackedWeight, t: int, k: int, device: str) -> dict:
+    e, two_inter, h = gate_up.shape
+    inter = two_inter // 2
+    x = torch.randn(t, h, device=device, dtype=torch.bfloat16)
+    weights, ids = route_ref(torch.randn(t, e, device=device), k)
+    us = _time_us(lambda: moe_experts(x, gate_up, down, weights, ids))
+    ref_us = _time_us(lambda: moe_experts_ref(x, gate_up, down, weights, ids))
+    shape = f"35B-A3B {scheme} T={t} H={h} I={inter} E={e} k={k}"
+    if t in PREFILL_TOKENS:
+        return _row("moe_experts prefill", shape, us, ref_us, 2 * t * k * 3 * h * inter, True)
+    active = ids.unique().numel()
+    moved = active * (_bytes_per_expert(gate_up) + _bytes_per_expert(down)) + 2 * t * h * 2
+    return _row("moe_experts decode", f"{shape} ({active} experts)", us, ref_us, moved, False)
+
+
+def bench(device: str = "cuda") -> list[dict]:
+    """Median times of route and moe_experts per scheme and token count, with their ratios."""
+    if torch.device(device).type != "cuda":
+        raise ValueError(f"the MoE kernel benchmark needs a CUDA device, not {device!r}")
+    cfg = get_profile(PROFILE).config
+    h, e, k, inter = (cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok,
+                      cfg.moe_intermediate_size)
+    torch.manual_seed(0)
+    rows = [_route_row(t, e, k, device) for t in DECODE_TOKENS + PREFILL_TOKENS]
+    for scheme in SCHEMES:
+        gate_up = _experts(scheme, e, 2 * inter, h, device)
+        down = _experts(scheme, e, h, inter, device)
+        rows += [_experts_row(scheme, gate_up, down, t, k, device)
+                 for t in DECODE_TOKENS + PREFILL_TOKENS]
+    return rows

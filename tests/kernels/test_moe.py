@@ -1,0 +1,122 @@
+"""The MoE kernels against their torch references (Triton's interpreter on CPU): routing,
+the align step that sorts (token, slot) pairs into per-expert blocks, and the grouped gate|up
++ SiLU + down GEMMs over bf16/fp16/fp32, nvfp4 and groupwise-int stacked experts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer_runtime.ops.moe import (
+    _launch_align,
+    align_ref,
+    moe_experts,
+    moe_experts_ref,
+    route,
+    route_ref,
+)
+from ninfer_runtime.quant import PackedWeight, get_scheme
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16
+
+
+@pytest.fixture(autouse=True)
+def kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NINFER_OPS", "triton")
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def random_ids(tokens: int, top_k: int, experts: int, seed: int) -> torch.Tensor:
+    """[tokens, top_k] distinct experts per token, as top-k routing gives."""
+    g = gen(seed)
+    return torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
+
+
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 8, 2), (7, 8, 2), (3, 256, 8)])
+def test_route(tokens: int, experts: int, top_k: int) -> None:
+    logits = (torch.randn(tokens, experts, generator=gen(0)) * 2).to(DEVICE, HALF)
+    weights, ids = route(logits, top_k)
+    ref_weights, ref_ids = route_ref(logits, top_k)
+    assert ids.dtype == torch.int64 and torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
+
+
+# (tokens, top_k, experts, block_m): decode, several chunks of pairs, the real 256 experts
+ALIGN_CASES = [(1, 8, 256, 16), (8, 8, 256, 16), (7, 2, 8, 16), (45, 2, 8, 16),
+               (45, 2, 8, 32), (3, 2, 5, 16)]
+
+
+@pytest.mark.parametrize("case", ALIGN_CASES)
+def test_align_sorts_pairs_into_expert_blocks(case: tuple[int, int, int, int]) -> None:
+    tokens, top_k, experts, block_m = case
+    ids = random_ids(tokens, top_k, experts, seed=tokens).to(DEVICE)
+    ref = align_ref(ids, experts, block_m)
+    out = _launch_align(ids, experts, block_m)
+    assert torch.equal(out.sorted_slots, ref.sorted_slots)
+    assert torch.equal(out.block_expert, ref.block_expert)
+    # what the GEMMs rely on: every pair once, each in a block of its own expert
+    pairs = tokens * top_k
+    slots, owners = ref.sorted_slots.cpu(), ref.block_expert.cpu()
+    real = slots < pairs
+    assert sorted(slots[real].tolist()) == list(range(pairs))
+    block_of = torch.arange(slots.numel()) // block_m
+    assert torch.equal(owners[block_of[real]], ids.cpu().flatten()[slots[real]])
+    used = owners[owners >= 0]
+    if pairs <= block_m:  # decode: one block per active expert, its weights read once
+        assert used.unique().numel() == used.numel() == ids.unique().numel()
+
+
+def stacked(scheme: str, experts: int, rows: int, cols: int, seed: int,
+            dtype: torch.dtype) -> torch.Tensor | PackedWeight:
+    """Random [E, rows, cols] experts: plain in dtype, or packed parts drawn directly (every
+    code and every non-NaN E4M3 scale byte can occur), each row of size ~ 1 / sqrt(cols)."""
+    g = gen(seed)
+    if scheme == "plain":
+        return (torch.randn(experts, rows, cols, generator=g) * cols**-0.5).to(DEVICE, dtype)
+    codes = torch.randint(0, 256, (experts, rows, cols // 2), dtype=torch.uint8, generator=g)
+    if scheme == "nvfp4":
+        shape = (experts, rows, cols // 16)
+        magnitude = torch.randint(0, 0x7F, shape, dtype=torch.uint8, generator=g)  # no NaN
+        sign = torch.randint(0, 2, shape, dtype=torch.uint8, generator=g) << 7
+        scale = (magnitude | sign).view(torch.float8_e4m3fn)
+        scale_2 = torch.rand(experts, rows, generator=g) * 0.2 * cols**-0.5 / 64
+        parts = {"weight": codes, "weight_scale": scale, "weight_scale_2": scale_2}
+    else:
+        groups = cols // 128
+        step = (torch.rand(experts, rows, groups, generator=g) * 0.3 * cols**-0.5)
+        zero = torch.randint(0, 16, (experts, rows, groups), dtype=torch.uint8, generator=g)
+        parts = {"weight": codes, "weight_scale": step.bfloat16(), "weight_zero": zero}
+    name = {"nvfp4": "nvfp4", "int4": "groupwise-int"}[scheme]
+    return PackedWeight(get_scheme(name), {k: v.to(DEVICE) for k, v in parts.items()},
+                        (experts, rows, cols))
+
+
+def as_fp32(w: torch.Tensor | PackedWeight) -> torch.Tensor | PackedWeight:
+    return w.float() if isinstance(w, torch.Tensor) else w
+
+
+# (scheme, tokens, hidden, inter): odd sizes for plain weights; packed K must be a multiple of
+# 16 (nvfp4: 48 is not one of the kernel's K tiles) or 128 (groupwise-int)
+MOE_CASES = [("plain", 1, 40, 24), ("plain", 33, 40, 24), ("nvfp4", 1, 64, 48),
+             ("nvfp4", 7, 64, 48), ("int4", 5, 128, 128)]
+
+
+@pytest.mark.parametrize("dtype", [HALF, torch.float32])
+@pytest.mark.parametrize("case", MOE_CASES)
+def test_moe_experts(case: tuple[str, int, int, int], dtype: torch.dtype) -> None:
+    scheme, tokens, hidden, inter = case
+    experts, top_k = 8, 2
+    gate_up = stacked(scheme, experts, 2 * inter, hidden, seed=1, dtype=dtype)
+    down = stacked(scheme, experts, hidden, inter, seed=2, dtype=dtype)
+    x = torch.randn(tokens, hidden, generator=gen(3)).to(DEVICE, dtype)
+    weights, ids = route_ref(torch.randn(tokens, experts, generator=gen(4)).to(DEVICE), top_k)
+    out = moe_experts(x, gate_up, down, weights, ids)
+    expected = moe_experts_ref(x.float(), as_fp32(gate_up), as_fp32(down), weights, ids)
+    assert out.dtype == dtype and out.shape == (tokens, hidden)
+    scale = expected.abs().max().item()
+    tol = 1e-5 if dtype == torch.float32 else (2e-2 if dtype == torch.bfloat16 else 4e-3)
+    torch.testing.assert_close(out.float(), expected, rtol=tol, atol=tol * scale)
