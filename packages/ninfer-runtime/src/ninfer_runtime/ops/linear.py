@@ -1,7 +1,9 @@
 """Linear layers over plain or packed (quantized) weights.
 
-The reference dequantizes a `PackedWeight` on every call and caches nothing: a kernel that
-reads the packed bytes directly replaces it behind the same call.
+The reference (`linear_ref`) dequantizes a `PackedWeight` on every call and caches nothing.
+On the GPU a packed nvfp4 / groupwise-int weight runs the Triton kernels of `quant_linear`,
+which read the packed bytes directly (a decode GEMV for M <= 16 rows, a dequantizing
+tensor-core GEMM above); plain bf16 weights always go to F.linear (cuBLAS is their ceiling).
 """
 
 from __future__ import annotations
@@ -9,15 +11,28 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ninfer_runtime.ops import quant_linear
+from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.quant import PackedWeight
 
 Weight = torch.Tensor | PackedWeight
 
 
-def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
-    """x [..., in] @ w[out, in]^T -> [..., out], in x.dtype."""
+def linear_ref(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """x [..., in] @ w[out, in]^T -> [..., out] in x.dtype; a packed w is dequantized first."""
     weight = w.dequantize(x.dtype) if isinstance(w, PackedWeight) else w
     return F.linear(x, weight)
+
+
+def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """x [..., in] @ w[out, in]^T -> [..., out], in x.dtype (see `linear_ref`)."""
+    if not (isinstance(w, PackedWeight) and quant_linear.supports(w)
+            and use_triton(x, *w.parts.values())):
+        return linear_ref(x, w)
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    return quant_linear.packed_linear(rows, w).view(*x.shape[:-1], w.shape[0])
 
 
 def select(w: Weight, index: int) -> Weight:

@@ -1,0 +1,125 @@
+"""`linear` on the real projection shapes: packed nvfp4 / groupwise-int kernels and bf16 cuBLAS.
+
+Decode (M = 1, 4, 8 tokens) streams the weight once: its ceiling is the bytes moved (packed
+codes, scales, activations in, outputs out) at the copy bandwidth, 4.24e12 B/s. Prefill
+(M = 4096) is tensor-core bound: its ceiling is 2MNK at 789e12 bf16 FLOP/s. The bf16 rows are
+F.linear (cuBLAS), the reference point on the same shapes. Random stored parts (the kernels'
+speed does not depend on the values); small matrices are rotated over several copies so that
+decode reads come from HBM, not from the 50 MB L2.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import torch
+
+from ninfer_runtime.config import ModelConfig
+from ninfer_runtime.ops.linear import Weight, linear
+from ninfer_runtime.profiles import get_profile
+from ninfer_runtime.quant import PackedWeight, get_scheme
+
+BANDWIDTH = 4.24e12  # B/s, measured copy bandwidth of one H200
+FLOPS = 789e12  # bf16 dense tensor-core FLOP/s measured on the same H200
+MODELS = {"27B": "qwen3_6_27b", "35B-A3B": "qwen3_6_35b_a3b"}
+SCHEMES = ("nvfp4", "groupwise-int", "bf16")
+DECODE_M = (1, 4, 8)
+PREFILL_M = 4096
+L2_BYTES = 50 * 2**20
+MAX_COPIES = 512
+
+
+def projections(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """names -> (N, K) of every distinct dense projection shape on the decode path (MoE
+    experts excluded: they run through the grouped MoE kernels)."""
+    h, hd = cfg.hidden_size, cfg.head_dim
+    nq, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    mlp, inter = ("shared_expert", cfg.shared_expert_intermediate_size) if cfg.is_moe \
+        else ("mlp", cfg.intermediate_size)
+    shapes = {
+        "in_proj_qkvz": (cfg.conv_dim + cfg.linear_value_dim, h),
+        "out_proj": (h, cfg.linear_value_dim),
+        "qkv_proj": ((2 * nq + 2 * nkv) * hd, h),
+        "o_proj": (h, nq * hd),
+        f"{mlp}.gate_up_proj": (2 * inter, h),
+        f"{mlp}.down_proj": (h, inter),
+        "lm_head": (cfg.vocab_size, h),
+    }
+    names: dict[tuple[int, int], list[str]] = {}
+    for name, shape in shapes.items():
+        names.setdefault(shape, []).append(name)
+    return {"|".join(group): shape for shape, group in names.items()}
+
+
+def random_weight(scheme: str, n: int, k: int, device: str, gen: torch.Generator) -> Weight:
+    """A [n, k] weight with random stored parts (plausible scales; values do not matter)."""
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.rand(*shape, device=device, generator=gen)
+
+    codes = torch.randint(0, 256, (n, k // 2), device=device, dtype=torch.uint8, generator=gen)
+    if scheme == "bf16":
+        return (rand(n, k) - 0.5).to(torch.bfloat16) * k ** -0.5
+    if scheme == "nvfp4":
+        parts = {"weight": codes, "weight_scale": (rand(n, k // 16) * 8).to(torch.float8_e4m3fn),
+                 "weight_scale_2": rand(n) * 1e-3}
+    else:
+        parts = {"weight": codes, "weight_scale": (rand(n, k // 128) * 0.02).to(torch.bfloat16),
+                 "weight_zero": torch.randint(0, 16, (n, k // 128), device=device,
+                                              dtype=torch.uint8, generator=gen)}
+    return PackedWeight(get_scheme(scheme), parts, (n, k))
+
+
+def weight_bytes(w: Weight) -> int:
+    parts = w.parts.values() if isinstance(w, PackedWeight) else (w,)
+    return sum(p.numel() * p.element_size() for p in parts)
+
+
+def _rotating(ws: list[Weight], x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """A call of linear on the next weight copy each time (defeats L2 for small matrices)."""
+    cycle = itertools.cycle(ws)
+    return lambda: linear(x, next(cycle))
+
+
+def bench(device: str = "cuda") -> list[dict]:
+    """Median time of linear per model, projection, scheme and M, with its ceiling ratio.
+
+    Timed as CUDA-graph replays (as the engine runs decode): kernel time, not Python launch
+    overhead, which exceeds a small GEMV's runtime. The first call autotunes.
+    """
+    if torch.device(device).type != "cuda":
+        raise ValueError(f"the linear kernel benchmark needs a CUDA device, not {device!r}")
+    from triton.testing import do_bench_cudagraph
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows = []
+    for label, profile in MODELS.items():
+        for name, (n, k) in projections(get_profile(profile).config).items():
+            for scheme in SCHEMES:
+                first = random_weight(scheme, n, k, device, gen)
+                size = weight_bytes(first)
+                copies = min(MAX_COPIES, max(1, -(-4 * L2_BYTES // size)))
+                ws = [first] + [random_weight(scheme, n, k, device, gen)
+                                for _ in range(copies - 1)]
+                # lm_head is only applied to the last token of a prefill: no prefill row
+                ms = DECODE_M if "lm_head" in name else (*DECODE_M, PREFILL_M)
+                for m in ms:
+                    x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
+                    call = _rotating(ws, x)
+                    call()  # compile and autotune outside the graph capture
+                    torch.cuda.synchronize()
+                    us = do_bench_cudagraph(call, rep=20, return_mode="median") * 1e3
+                    moved = size + 2 * m * (k + n)
+                    flops = 2 * m * n * k
+                    decode = m in DECODE_M
+                    ratio = (moved / BANDWIDTH if decode else flops / FLOPS) / (us * 1e-6)
+                    rows.append({
+                        "op": f"linear {scheme}", "shape": f"{label} {name} M={m} N={n} K={k}",
+                        "time_us": us, "bytes": moved, "flops": flops,
+                        "ratio_to_ceiling": ratio,
+                        "ceiling": f"{BANDWIDTH:.3g} B/s" if decode else f"{FLOPS:.3g} FLOP/s",
+                        "achieved": (f"{moved / (us * 1e-6) / 1e12:.2f} TB/s" if decode
+                                     else f"{flops / (us * 1e-6) / 1e12:.0f} TFLOP/s"),
+                    })
+                del ws, first
+    return rows

@@ -1,0 +1,482 @@
+"""Triton kernels for `linear` over packed 4-bit weights (nvfp4, groupwise-int).
+
+The kernels read the artifact layout as it is (quant/__init__.py), so no load-time `prepare`
+is needed: codes uint8 [N, K/2] viewed as int32 words [N, K/8], word w of a row holding inputs
+8w..8w+7 with input 8w + j in bits 4j..4j+3 (low nibble = even input). A K tile is a 16-byte
+load per thread of whole words; the decode works on the words in place.
+
+Decode, without tables or chains of `where`, in 32-bit integer ops:
+- nvfp4: code j (sign bit 3, magnitude bits 0-2) moves to the fp32 sign bit (31) and the
+  exponent / top mantissa bits (22-24): that float is exactly e2m1 * 2^-126 (±0.5 land on a
+  subnormal, which fp32 FMA handles at full rate). For j < 6 one integer multiply by
+  2^a + 2^b places magnitude and sign at once (the two shifted copies do not overlap): a code
+  costs AND, IMAD, AND. The fp8 block scale is applied once per 8-code word (CUDA cores) or
+  folded into the tensor-core operand; the per-row global scale once per output. Power-of-two
+  offsets keep every intermediate exact and are undone in the epilogue.
+- groupwise-int: code q goes into the mantissa of 1.0, giving 1 + q/16 (shift, LOP3), and
+  (q - z) * s = (1 + q/16) * 16s - (16 + z) * s with both terms exact in fp32: the zero point
+  costs one FMA per weight in the tensor-core paths, one per word on CUDA cores.
+
+Kernels:
+- `_skinny_kernel`, decode (M <= SKINNY_MAX_M). A program owns BN output rows and one split of
+  K. One token runs on CUDA cores: per-word sums of code * x in the word tile's own register
+  layout (only the small x slices move), scaled once per word, reduced over K after the loop;
+  the next tile is loaded into registers by hand while this one is decoded (the compiler only
+  pipelines loads that feed a dot). M = 2..16 (rows padded to 16) runs on tensor cores with
+  the weight as the wide operand: per code position j, W_j [BN, BK/8] @ x[:, 8w + j]^T, eight
+  dots per tile and no interleave of decoded codes (wgmma with the weight in registers for
+  BN >= 64). K is split over a second grid axis when row tiles alone would leave SMs idle;
+  partials go to a fp32 buffer reduced by `_splitk_reduce_kernel` (deterministic, no zeroing,
+  CUDA-graph safe).
+- `_gemm_kernel`, prefill (M > SKINNY_MAX_M): tiled tensor-core GEMM; the [BN, BK] weight tile
+  is dequantized in registers to x.dtype (exact for nvfp4 in bf16 and fp16), interleaved back
+  to input order and fed to tl.dot (wgmma) with the activation tile, fp32 accumulation.
+
+NOTE (sm_90 SASS of the compiled loops, Triton 3.9): about 6 instructions per weight on CUDA
+cores (nvfp4; ~5 groupwise-int) and 6-7 on the tensor-core paths, against a budget of ~4.4 per
+weight for an H200's issue rate to keep up with 4.24 TB/s of nvfp4. Pure Triton cannot decode
+two codes per 32-bit op (no fp16x2 bit tricks without inline PTX): that, not the bytes, is
+where a decode GEMV's remaining time goes.
+
+bf16 weights never come here: cuBLAS (F.linear) is the ceiling for them (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from ninfer_runtime.quant import PackedWeight
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only install: linear() runs the reference
+    triton = None
+
+SKINNY_MAX_M = 16  # up to here the decode kernel, above it the tiled GEMM
+CUDA_CORE_M1 = True  # one token decodes on CUDA cores; False: on tensor cores like M = 2..16
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
+_PROGRAMS_PER_SM = 4  # the K split aims at this many programs per SM
+_MAX_SPLITS = 16
+_TC_MIN_M = 16  # tl.dot needs >= 16 along each dim: decode rows are padded to it
+
+
+@dataclass(frozen=True)
+class _Layout:
+    scheme: int  # the kernels' SCHEME constexpr
+    words_per_scale: int  # int32 words (8 codes each) that share one scale
+
+
+_NVFP4_ID, _INT_ID = 0, 1
+_LAYOUTS = {"nvfp4": _Layout(_NVFP4_ID, 2), "groupwise-int": _Layout(_INT_ID, 16)}
+
+
+class PackedWeightError(ValueError):
+    """A packed weight whose stored parts do not have the layout the kernels read."""
+
+
+def supports(w: PackedWeight) -> bool:
+    """True when the kernels here can run this weight (a 2-D nvfp4 or groupwise-int weight)."""
+    return w.scheme.name in _LAYOUTS and len(w.shape) == 2
+
+
+@dataclass(frozen=True)
+class _Operands:
+    words: torch.Tensor  # int32 [N, K/8]
+    scale: torch.Tensor  # [N, K / (8 * words_per_scale)]
+    zero: torch.Tensor  # groupwise-int zero points; nvfp4: the scale again (unused)
+    gscale: torch.Tensor  # nvfp4 per-row global scale; groupwise-int: the scale (unused)
+    layout: _Layout
+
+
+def _operands(w: PackedWeight) -> _Operands:
+    """The kernels' view of w's parts, checked (shapes, dtypes, contiguity)."""
+    layout = _LAYOUTS[w.scheme.name]
+    n, k = w.shape
+    per_scale = 8 * layout.words_per_scale
+    blocks = k // per_scale
+    expect = {"weight": (torch.uint8, (n, k // 2))}
+    if layout.scheme == _NVFP4_ID:
+        expect |= {"weight_scale": (torch.float8_e4m3fn, (n, blocks)),
+                   "weight_scale_2": (torch.float32, (n,))}
+    else:
+        expect |= {"weight_scale": (torch.bfloat16, (n, blocks)),
+                   "weight_zero": (torch.uint8, (n, blocks))}
+    for role, (dtype, shape) in expect.items():
+        part = w.parts.get(role)
+        if part is None:
+            raise PackedWeightError(f"{w.scheme.name} weight {tuple(w.shape)} lacks part {role!r}")
+        if part.dtype != dtype or tuple(part.shape) != shape or not part.is_contiguous():
+            raise PackedWeightError(
+                f"{w.scheme.name} weight {tuple(w.shape)}: part {role!r} is {part.dtype} "
+                f"{tuple(part.shape)} (contiguous={part.is_contiguous()}), the kernels need "
+                f"contiguous {dtype} {shape}")
+    codes, scale = w.parts["weight"], w.parts["weight_scale"]
+    if k % per_scale or codes.storage_offset() % 4:
+        raise PackedWeightError(f"{w.scheme.name} weight {tuple(w.shape)}: K must be a multiple "
+                                f"of {per_scale} and the codes 4-byte aligned")
+    words = codes.view(torch.int32)
+    if layout.scheme == _NVFP4_ID:
+        return _Operands(words, scale, scale, w.parts["weight_scale_2"], layout)
+    return _Operands(words, scale, w.parts["weight_zero"], scale, layout)
+
+
+def packed_linear(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """x [M, K] @ dequantize(w)^T -> [M, N] in x.dtype, fp32 accumulation, by the kernels."""
+    ops = _operands(w)
+    n, k = w.shape
+    assert x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1, \
+        f"packed_linear: x {tuple(x.shape)} stride {x.stride()} vs weight {tuple(w.shape)}"
+    m = x.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    if m <= SKINNY_MAX_M:
+        _launch_skinny(x, ops, out, use_dot=m > 1 or not CUDA_CORE_M1)
+    else:
+        _launch_gemm(x, ops, out)
+    return out
+
+
+def _precision(x: torch.Tensor) -> str:
+    """tl.dot input precision: fp32 activations (CPU tests) get exact fp32, not TF32."""
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+@cache
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def k_split(n: int, k: int, device: torch.device) -> tuple[int, int]:
+    """(split_len, splits) of the decode kernel's K axis.
+
+    Row tiles alone fill the GPU on wide matrices (gate|up, lm_head); a narrow one (down_proj,
+    N = 5120, K = 17408) gets its K cut into chunks so that the grid reaches about
+    _PROGRAMS_PER_SM programs per SM. Chunks are whole multiples of every config's BK.
+    """
+    tiles = triton.cdiv(n, 64)  # a typical BN
+    want = triton.cdiv(_PROGRAMS_PER_SM * _sm_count(device), tiles)
+    splits = max(1, min(want, k // _SPLIT_GRANULE, _MAX_SPLITS))
+    split_len = triton.cdiv(triton.cdiv(k, splits), _SPLIT_GRANULE) * _SPLIT_GRANULE
+    return split_len, triton.cdiv(k, split_len)
+
+
+def _launch_skinny(x: torch.Tensor, ops: _Operands, out: torch.Tensor, use_dot: bool) -> None:
+    m, k = x.shape
+    n = out.shape[1]
+    split_len, splits = k_split(n, k, x.device)
+    direct = splits == 1
+    dst = out if direct else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    kernel = _skinny_dot if use_dot else _skinny_fma
+    assert use_dot or m == 1, "the CUDA-core decode kernel takes one activation row"
+    bm = max(_TC_MIN_M, triton.next_power_of_2(m)) if use_dot else 1
+
+    def grid(meta: dict) -> tuple[int, int]:
+        return triton.cdiv(n, meta["BN"]), splits
+
+    kernel[grid](x, ops.words, ops.scale, ops.zero, ops.gscale, dst, m, n, k, x.stride(0),
+                 ops.words.stride(0), ops.scale.stride(0), split_len,
+                 SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale, BM=bm,
+                 USE_DOT=use_dot, DIRECT=direct, PRECISION=_precision(x))
+    if not direct:
+        block = 1024
+        _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
+            dst, ops.gscale, out, m * n, n, splits, SCHEME=ops.layout.scheme, BLOCK=block)
+
+
+def _launch_gemm(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
+    m, k = x.shape
+    n = out.shape[1]
+
+    def grid(meta: dict) -> tuple[int]:
+        return (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)
+
+    # NOTE: the autotune key uses M rounded up to a power of two, so chunked prefill's varying
+    # token counts reuse a handful of tuned configs instead of re-tuning every step.
+    _gemm[grid](x, ops.words, ops.scale, ops.zero, ops.gscale, out, m, n, k, x.stride(0),
+                ops.words.stride(0), ops.scale.stride(0), triton.next_power_of_2(m),
+                SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale,
+                PRECISION=_precision(x))
+
+
+def _graph_bench(kernel_call: Callable[[], object], quantiles: tuple[float, ...]) -> object:
+    """Autotune timing as CUDA-graph replays: a decode GEMV is shorter than its Python launch,
+    which plain event timing would measure instead of the kernel."""
+    from triton.testing import do_bench_cudagraph
+
+    return do_bench_cudagraph(kernel_call, rep=20, quantiles=quantiles)
+
+
+def _configs(space: list[tuple[dict, int, int]], interpret: tuple[dict, int, int]) -> list:
+    """Autotune configs; a single one under the interpreter (which autotunes nothing)."""
+    chosen = [interpret] if _INTERPRET else space
+    return [triton.Config(kw, num_warps=w, num_stages=s) for kw, w, s in chosen]
+
+
+if triton is not None:
+    _NVFP4 = tl.constexpr(_NVFP4_ID)
+    # nvfp4 power-of-two offsets (see the module docstring): decoded codes are e2m1 * 2^-126;
+    # the tensor-core operand is e2m1 * s * 2^-8 (in range for fp16 too), the CUDA-core path
+    # multiplies x by 2^96 (no subnormal products for |x| >= 2^-96, no overflow below 2^32)
+    # and its per-word sums by s * 2^22: both accumulate sum(e2m1 * s * x) * 2^-8.
+    _NV_DOT_SCALE = tl.constexpr(2.0**118)
+    _NV_FMA_SCALE = tl.constexpr(2.0**22)
+    _NV_FMA_X = tl.constexpr(2.0**96)
+    _NV_OUT = tl.constexpr(2.0**8)
+
+    @triton.jit
+    def _e2m1(words, J: tl.constexpr):
+        """fp32 e2m1(code J) * 2^-126 of every uint32 word (sign to bit 31, magnitude to 22-24)."""
+        if J < 6:
+            # (t << (22 - 4J)) + (t << (28 - 4J)): magnitude lands on 22-24, sign on 31
+            bits = (words & (0xF << (4 * J))) * ((1 << (22 - 4 * J)) + (1 << (28 - 4 * J)))
+        elif J == 6:
+            t = words & 0x0F000000
+            bits = (t >> 2) | (t << 4)
+        else:
+            bits = ((words >> 6) & 0x01C00000) | (words & 0x80000000)
+        return (bits & 0x81C00000).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _uint4(words, J: tl.constexpr):
+        """fp32 1 + q/16 for code J of every uint32 word (q placed at mantissa bits 19-22)."""
+        t = words << (19 - 4 * J) if 4 * J <= 19 else words >> (4 * J - 19)
+        return ((t & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _load_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, k_hi, stride_w, stride_s,
+                   SCHEME: tl.constexpr, WPS: tl.constexpr, BK: tl.constexpr,
+                   EVEN_K: tl.constexpr, NV_SCALE: tl.constexpr):
+        """The uint32 words [BN, BK/8] of inputs [k0, k0 + BK) and, per scale block
+        [BN, BK/8/WPS], the (mul, add) that turn a decoded code into a weight:
+        nvfp4 e2m1 * 2^-126 * (s * NV_SCALE); groupwise-int (1 + q/16) * 16s - (16 + z)s."""
+        BKW: tl.constexpr = BK // 8
+        BKS: tl.constexpr = BKW // WPS
+        # k0 is a multiple of BK: tell the compiler, so that the word loads are 16-byte wide
+        kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
+        ks = k0 // (8 * WPS) + tl.arange(0, BKS)
+        row_off = rows.to(tl.int64)
+        if EVEN_K:  # whole tiles; k0 >= k_hi only for the CUDA-core kernel's last prefetch
+            live = row_ok & (k0 + tl.zeros_like(rows) < k_hi)  # per row: loads stay 16 B wide
+            w_mask = live[:, None]
+            s_mask = live[:, None]
+        else:
+            w_mask = row_ok[:, None] & (kw < k_hi // 8)[None, :]
+            s_mask = row_ok[:, None] & (ks < k_hi // (8 * WPS))[None, :]
+        words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :], mask=w_mask, other=0)
+        s_off = row_off[:, None] * stride_s + ks[None, :]
+        scale = tl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
+        if SCHEME == _NVFP4:
+            mul = scale * NV_SCALE
+            add = tl.zeros_like(mul)
+        else:
+            zero = tl.load(z_ptr + s_off, mask=s_mask, other=0).to(tl.float32)
+            mul = 16.0 * scale
+            add = -(16.0 + zero) * scale
+        return words.to(tl.uint32, bitcast=True), mul, add
+
+    @triton.jit
+    def _per_word(t, WPS: tl.constexpr):
+        """[BN, S] per scale block -> [BN, S * WPS] per word."""
+        return tl.reshape(tl.broadcast_to(t[:, :, None], (t.shape[0], t.shape[1], WPS)),
+                          (t.shape[0], t.shape[1] * WPS))
+
+    @triton.jit
+    def _operand(words, J: tl.constexpr, mul, add, SCHEME: tl.constexpr, DTYPE: tl.constexpr):
+        """Code J of each word [BN, BKW] dequantized for tl.dot: nvfp4 e2m1 * s * 2^-8 (exact
+        in bf16 and fp16), groupwise-int (q - z) * s (rounded once, as the reference does);
+        mul and add per word."""
+        w = _e2m1(words, J) * mul if SCHEME == _NVFP4 else _uint4(words, J) * mul + add
+        return w.to(DTYPE)
+
+    @triton.jit
+    def _interleave8(o0, o1, o2, o3, o4, o5, o6, o7):
+        """Eight [R, C] tensors -> [R, 8C] with column 8c + j = oj[:, c] (input order).
+
+        join() adds a trailing axis; the innermost joins end up most significant, so they pair
+        codes 4 apart, then 2 apart, then 1 apart.
+        """
+        t = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)),
+                    tl.join(tl.join(o1, o5), tl.join(o3, o7)))
+        return tl.reshape(t, (o0.shape[0], 8 * o0.shape[1]))
+
+    @triton.jit
+    def _skinny_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_x,
+                       stride_w, stride_s, split_len, SCHEME: tl.constexpr, WPS: tl.constexpr,
+                       BM: tl.constexpr, USE_DOT: tl.constexpr, DIRECT: tl.constexpr,
+                       PRECISION: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr):
+        """out[:, rows] (DIRECT: final, in x.dtype) or the fp32 partial of K split pid 1."""
+        BKW: tl.constexpr = BK // 8
+        BKS: tl.constexpr = BKW // WPS
+        pid_k = tl.program_id(1)
+        rows = tl.program_id(0) * BN + tl.arange(0, BN)
+        row_ok = rows < N
+        ms = tl.arange(0, BM)
+        m_ok = ms < M
+        k_lo = pid_k * split_len
+        k_hi = tl.minimum(K, k_lo + split_len)
+        x_row = x_ptr + ms.to(tl.int64) * stride_x
+        if USE_DOT:
+            # tl.dot operands: the compiler software-pipelines these loads (num_stages)
+            acc = tl.zeros((BN, BM), tl.float32)
+            for k0 in range(k_lo, k_hi, BK):
+                words, mul, add = _load_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, k_hi,
+                                             stride_w, stride_s, SCHEME, WPS, BK, EVEN_K,
+                                             _NV_DOT_SCALE)
+                # acc^T [BN, BM] += W_j [BN, BKW] @ x[:, 8w + j]^T [BKW, BM] for j = 0..7: the
+                # eight code positions need no interleave, x is tiny and read strided
+                mul = _per_word(mul, WPS)
+                add = _per_word(add, WPS)
+                kw = k0 // 8 + tl.arange(0, BKW)
+                x_ptrs = x_row[None, :] + kw[:, None] * 8
+                x_mask = m_ok[None, :] & (kw < k_hi // 8)[:, None]
+                for j in tl.static_range(8):
+                    xj = tl.load(x_ptrs + j, mask=x_mask, other=0.0)
+                    wj = _operand(words, j, mul, add, SCHEME, x_ptr.dtype.element_ty)
+                    acc = tl.dot(wj, xj, acc, input_precision=PRECISION)
+        else:
+            # CUDA cores, one activation row: per-word sums of code * x on [BN, BKS, WPS]
+            # (the word tile's own layout: only the small x slices get moved), scaled once per
+            # word, reduced over K once after the loop. Loads that feed no dot are not
+            # pipelined by the compiler: the next tile is loaded into registers by hand
+            # before this one is decoded.
+            acc = tl.zeros((BN, BKS, WPS), tl.float32)
+            nxt = _load_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k_lo, k_hi, stride_w, stride_s,
+                             SCHEME, WPS, BK, EVEN_K, _NV_FMA_SCALE)
+            for k0 in range(k_lo, k_hi, BK):
+                words, mul, add = nxt
+                nxt = _load_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0 + BK, k_hi, stride_w,
+                                 stride_s, SCHEME, WPS, BK, EVEN_K, _NV_FMA_SCALE)
+                words = tl.reshape(words, (BN, BKS, WPS))
+                kw = (k0 // 8 + tl.arange(0, BKS)[:, None] * WPS + tl.arange(0, WPS)[None, :])
+                x_ptrs = x_ptr + kw * 8
+                x_mask = kw < k_hi // 8
+                part = tl.zeros((BN, BKS, WPS), tl.float32)
+                xsum = tl.zeros((BKS, WPS), tl.float32)
+                for j in tl.static_range(8):
+                    xj = tl.load(x_ptrs + j, mask=x_mask, other=0.0).to(tl.float32)
+                    if SCHEME == _NVFP4:
+                        part += _e2m1(words, j) * (xj * _NV_FMA_X)[None]
+                    else:
+                        part += _uint4(words, j) * xj[None]
+                        xsum += xj
+                if SCHEME == _NVFP4:
+                    acc += part * mul[:, :, None]
+                else:
+                    acc += part * mul[:, :, None] + xsum[None] * add[:, :, None]
+        res = tl.trans(acc) if USE_DOT else tl.sum(tl.sum(acc, axis=2), axis=1)[None, :]
+        mask = m_ok[:, None] & row_ok[None, :]
+        if DIRECT:
+            if SCHEME == _NVFP4:
+                g = tl.load(g_ptr + rows, mask=row_ok, other=0.0)
+                res = res * (g * _NV_OUT)[None, :]
+            dst = out_ptr + ms.to(tl.int64)[:, None] * N + rows[None, :]
+            tl.store(dst, res.to(out_ptr.dtype.element_ty), mask=mask)
+        else:
+            dst = out_ptr + (pid_k * M + ms.to(tl.int64))[:, None] * N + rows[None, :]
+            tl.store(dst, res, mask=mask)
+
+    @triton.jit
+    def _gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_x, stride_w,
+                     stride_s, m_bucket, SCHEME: tl.constexpr, WPS: tl.constexpr,
+                     PRECISION: tl.constexpr, EVEN_K: tl.constexpr, BM: tl.constexpr,
+                     BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+        """out [BM, BN] tile = x [BM, K] @ dequantize(W [BN, K])^T, grouped tile order so that
+        GROUP_M row tiles share each weight tile while it is in L2."""
+        pid = tl.program_id(0)
+        grid_m = tl.cdiv(M, BM)
+        grid_n = tl.cdiv(N, BN)
+        width = GROUP_M * grid_n
+        first_m = (pid // width) * GROUP_M
+        size_m = tl.minimum(grid_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % width) % size_m
+        pid_n = (pid % width) // size_m
+        ms = pid_m * BM + tl.arange(0, BM)
+        rows = pid_n * BN + tl.arange(0, BN)
+        row_ok = rows < N
+        m_ok = ms < M
+        dtype = x_ptr.dtype.element_ty
+        x_row = x_ptr + ms.to(tl.int64)[:, None] * stride_x
+        acc = tl.zeros((BM, BN), tl.float32)
+        for k0 in range(0, K, BK):
+            ks = k0 + tl.arange(0, BK)
+            x_mask = m_ok[:, None] if EVEN_K else m_ok[:, None] & (ks < K)[None, :]
+            x = tl.load(x_row + ks[None, :], mask=x_mask, other=0.0)
+            words, mul, add = _load_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w,
+                                         stride_s, SCHEME, WPS, BK, EVEN_K, _NV_DOT_SCALE)
+            mul = _per_word(mul, WPS)
+            add = _per_word(add, WPS)
+            w = _interleave8(_operand(words, 0, mul, add, SCHEME, dtype),
+                             _operand(words, 1, mul, add, SCHEME, dtype),
+                             _operand(words, 2, mul, add, SCHEME, dtype),
+                             _operand(words, 3, mul, add, SCHEME, dtype),
+                             _operand(words, 4, mul, add, SCHEME, dtype),
+                             _operand(words, 5, mul, add, SCHEME, dtype),
+                             _operand(words, 6, mul, add, SCHEME, dtype),
+                             _operand(words, 7, mul, add, SCHEME, dtype))
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+        if SCHEME == _NVFP4:
+            g = tl.load(g_ptr + rows, mask=row_ok, other=0.0)
+            acc = acc * (g * _NV_OUT)[None, :]
+        dst = out_ptr + ms.to(tl.int64)[:, None] * N + rows[None, :]
+        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
+
+    @triton.jit
+    def _splitk_reduce_kernel(part_ptr, g_ptr, out_ptr, MN, N, SPLITS, SCHEME: tl.constexpr,
+                              BLOCK: tl.constexpr):
+        """out[i] = sum over splits of part[s, i] (times the nvfp4 global scale), cast."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < MN
+        acc = tl.zeros((BLOCK,), tl.float32)
+        for s in range(SPLITS):
+            acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
+        if SCHEME == _NVFP4:
+            acc *= tl.load(g_ptr + offs % N, mask=mask, other=0.0) * _NV_OUT
+        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+    def _even_k(args: dict) -> bool:
+        return args["K"] % args["BK"] == 0
+
+    # Autotune spaces are small on purpose: every config is compiled per kernel variant, and
+    # each first holds the defaults the tests pin (AUTOTUNED). BK is a multiple of 128 (one
+    # groupwise-int group) and >= 128 (tl.dot needs BK/8 >= 16).
+    # NOTE: tuning runs on a key's first call; warm every decode bucket up before capturing
+    # the engine's CUDA graphs.
+    _SKINNY_KEY = ["N", "K", "BM", "SCHEME"]
+    # CUDA cores: the wide configs hold several rows per thread (x slices reused across rows);
+    # num_stages is moot (the prefetch is by hand). ~6 SASS instructions per weight (sm_90).
+    _skinny_fma = triton.autotune(_configs(
+        [({"BN": bn, "BK": bk}, w, 1) for bn, bk, w in (
+            (64, 256, 4), (128, 256, 4), (128, 256, 8), (256, 256, 8), (64, 512, 8),
+            (128, 512, 8))],
+        ({"BN": 32, "BK": 256}, 4, 1)), key=_SKINNY_KEY, do_bench=_graph_bench)(
+        triton.heuristics({"EVEN_K": _even_k})(_skinny_kernel))
+    # tensor cores: the weight is the wide operand (BN rows): BN >= 64 gets wgmma with the
+    # weight in registers (BN = 32 falls back to mma.sync and twice the instructions)
+    _skinny_dot = triton.autotune(_configs(
+        [({"BN": bn, "BK": bk}, w, s) for bn, bk, w, s in (
+            (64, 256, 4, 3), (128, 256, 4, 3), (64, 512, 4, 2), (128, 512, 8, 2),
+            (128, 256, 8, 4))],
+        ({"BN": 32, "BK": 256}, 4, 1)), key=_SKINNY_KEY, do_bench=_graph_bench)(
+        triton.heuristics({"EVEN_K": _even_k})(_skinny_kernel))
+    # prefill: dequantizing costs ~6-8 instructions per weight, shared by BM rows of MMA work,
+    # so tall tiles pay it least
+    _gemm = triton.autotune(_configs(
+        [({"BM": bm, "BN": bn, "BK": 128, "GROUP_M": 8}, w, s) for bm, bn, w, s in (
+            (128, 128, 8, 3), (256, 128, 8, 3), (128, 256, 8, 3), (64, 128, 4, 4),
+            (256, 128, 8, 4))],
+        ({"BM": 32, "BN": 32, "BK": 256, "GROUP_M": 2}, 4, 1)),
+        key=["m_bucket", "N", "K", "SCHEME"], do_bench=_graph_bench)(
+        triton.heuristics({"EVEN_K": _even_k})(_gemm_kernel))
+    AUTOTUNED = (_skinny_fma, _skinny_dot, _gemm)
+    _SPLIT_GRANULE = max(c.kwargs["BK"] for c in _skinny_fma.configs + _skinny_dot.configs)

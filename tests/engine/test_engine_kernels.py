@@ -1,0 +1,46 @@
+"""Every Triton kernel at once, in the real engine: NINFER_OPS=triton must give the tokens the
+torch references give (under TRITON_INTERPRET=1 on a CPU-only machine, for real on a GPU).
+
+Quantized NVFP4 / groupwise-int weights and the INT8 KV cache put every kernel family on the
+path: quantized linear, fused norms and RoPE, KV store and paged attention, GDN conv / chunked /
+decode, MoE routing and experts, sampling.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from engine_helpers import drain, engine, greedy, prompt, request
+
+from ninfer_runtime.models.loading import load_artifact
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory: pytest.TempPathFactory):
+    from ninfer_convert.build import BuildOptions, build
+    from ninfer_convert.sources import open_source
+
+    def make(kind: str, weights: str) -> Path:
+        path = tmp_path_factory.mktemp("kernels") / f"tiny_{kind}_{weights}.ninfer"
+        return build(open_source(f"tiny_{kind}", random_init=True), path,
+                     BuildOptions(weights=weights, include_vision=False, include_mtp=False))
+
+    return make
+
+
+@pytest.mark.parametrize(("kind", "weights"), [("dense", "nvfp4"), ("moe", "groupwise-int")])
+def test_kernels_give_the_reference_tokens(quantized, monkeypatch: pytest.MonkeyPatch,
+                                           kind: str, weights: str) -> None:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # fp32 on both devices, so that rounding cannot flip a greedy choice of the random model
+    loaded = load_artifact(quantized(kind, weights), device, dtype=torch.float32)
+    reqs = [request(f"r{i}", prompt(n, i), greedy(4)) for i, n in enumerate((1, 9, 21))]
+    config = {"kv_dtype": "int8", "prefill_chunk": 8, "max_context": 64, "max_concurrency": 3,
+              "device": device}
+    tokens = {}
+    for mode in ("ref", "triton"):
+        monkeypatch.setenv("NINFER_OPS", mode)
+        tokens[mode] = drain(engine(loaded, **config), reqs).tokens
+    assert tokens["triton"] == tokens["ref"]

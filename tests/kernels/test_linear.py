@@ -1,0 +1,160 @@
+"""The packed-weight linear kernels (nvfp4, groupwise-int) against dequantize-then-matmul.
+
+Weights are random stored parts (every code, fp8 scales over their whole range), not quantizer
+output, so every decode case is hit. One-hot activations read single weights back and must be
+bit-exact in fp32; random activations check accumulation, masking and the K split to the
+rounding of the output dtype.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ninfer_runtime.ops import quant_linear
+from ninfer_runtime.ops.linear import linear, select
+from ninfer_runtime.quant import PackedWeight, get_scheme
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16  # interpreter: no bf16 tl.dot
+# max |error| allowed, relative to max |reference|: fp32 accumulation order; one rounding of
+# the output (and of the groupwise-int operand, as the reference rounds it) in half types
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+SCHEMES = ("nvfp4", "groupwise-int")
+
+
+@pytest.fixture(autouse=True)
+def kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels on, each autotuner pinned to its default config (no tuning runs on the GPU)."""
+    monkeypatch.setenv("NINFER_OPS", "triton")
+    for tuner in quant_linear.AUTOTUNED:
+        monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
+
+
+def packed(scheme: str, n: int, k: int, *lead: int, seed: int = 0) -> PackedWeight:
+    """Random stored parts of a [*lead, n, k] weight."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (*lead, n)
+    codes = torch.randint(0, 256, (*shape, k // 2), dtype=torch.uint8, generator=gen)
+    if scheme == "nvfp4":
+        # every finite positive e4m3 (bytes 0..0x7e: zero, subnormals, up to 448)
+        scale = torch.randint(0, 0x7F, (*shape, k // 16), dtype=torch.uint8, generator=gen)
+        parts = {"weight": codes, "weight_scale": scale.view(torch.float8_e4m3fn),
+                 "weight_scale_2": torch.rand(shape, generator=gen) * 1e-3 + 1e-4}
+    else:
+        groups = (*shape, k // 128)
+        parts = {"weight": codes,
+                 "weight_scale": (torch.rand(groups, generator=gen) * 0.02 + 1e-3).bfloat16(),
+                 "weight_zero": torch.randint(0, 16, groups, dtype=torch.uint8, generator=gen)}
+    return PackedWeight(get_scheme(scheme), {r: p.to(DEVICE) for r, p in parts.items()},
+                        (*lead, n, k))
+
+
+def rand(*shape: int, dtype: torch.dtype, seed: int = 1) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
+
+
+def check(out: torch.Tensor, x: torch.Tensor, w: PackedWeight) -> None:
+    """out == x @ dequantize(w)^T (in float64) within TOL[x.dtype] of its largest entry."""
+    assert out.dtype == x.dtype and out.shape == (*x.shape[:-1], w.shape[-2])
+    ref = x.double() @ w.dequantize(torch.float64).transpose(-1, -2)
+    tol = TOL[x.dtype]
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("k", [128, 256, 384])
+@pytest.mark.parametrize("n", [48, 80])
+@pytest.mark.parametrize("m", [1, 3, 16, 17, 64])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_linear_matches_reference(scheme: str, m: int, n: int, k: int) -> None:
+    """Decode (CUDA-core and tensor-core) and GEMM paths, odd N, K below / at / off the tile."""
+    w = packed(scheme, n, k)
+    x = rand(m, k, dtype=HALF)
+    check(linear(x, w), x, w)
+
+
+@pytest.mark.parametrize("m", [1, 3, 17])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_fp32_activations(scheme: str, m: int) -> None:
+    w = packed(scheme, 80, 384, seed=2)
+    x = rand(m, 384, dtype=torch.float32)
+    check(linear(x, w), x, w)
+
+
+@pytest.mark.parametrize("path", ["fma", "dot", "gemm"])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_one_hot_rows_read_back_exact_weights(scheme: str, path: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """x = rows of the identity: each output is one dequantized weight, exact in fp32
+    (CUDA cores: one row per call; tensor cores: 16 rows; GEMM: all K rows)."""
+    n, k = 48, 256
+    w = packed(scheme, n, k, seed=3)
+    eye = torch.eye(k, device=DEVICE)
+    expected = w.dequantize().T
+    monkeypatch.setattr(quant_linear, "CUDA_CORE_M1", path == "fma")
+    # columns 37 apart hit every code position j and several scale blocks
+    batches = {"fma": [[c * 37 % k] for c in range(8)], "dot": [[c * 37 % k for c in range(16)]],
+               "gemm": [list(range(k))]}[path]
+    for cols in batches:
+        assert torch.equal(linear(eye[cols], w), expected[cols])
+
+
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_tensor_core_decode(scheme: str, m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every decode M on tensor cores, one token included (CUDA_CORE_M1 off)."""
+    monkeypatch.setattr(quant_linear, "CUDA_CORE_M1", False)
+    w = packed(scheme, 80, 384, seed=4)
+    x = rand(m, 384, dtype=HALF)
+    check(linear(x, w), x, w)
+
+
+@pytest.mark.parametrize("m", [1, 8])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_k_split(scheme: str, m: int) -> None:
+    """A narrow, deep matrix is cut along K; the partials reduce to the same output."""
+    n, k = 48, 1024
+    assert quant_linear.k_split(n, k, torch.device(DEVICE))[1] > 1
+    w = packed(scheme, n, k, seed=5)
+    x = rand(m, k, dtype=HALF)
+    check(linear(x, w), x, w)
+
+
+@pytest.mark.parametrize(("n", "k"), [(48, 1024), (5120, 17408), (34816, 5120), (16, 128),
+                                      (7, 640)])
+def test_k_split_plan_covers_k(n: int, k: int) -> None:
+    split_len, splits = quant_linear.k_split(n, k, torch.device(DEVICE))
+    assert 1 <= splits <= 16 and split_len % 256 == 0
+    assert (splits - 1) * split_len < k <= splits * split_len
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_stacked_experts_and_leading_dims(scheme: str) -> None:
+    """select() keeps an expert packed; x may carry leading dims."""
+    stacked = packed(scheme, 48, 256, 3, seed=6)
+    x = rand(2, 3, 256, dtype=HALF)
+    for e in range(3):
+        w = select(stacked, e)
+        check(linear(x, w), x, w)
+
+
+def test_empty_batch() -> None:
+    w = packed("nvfp4", 48, 128)
+    assert linear(torch.empty(0, 128, device=DEVICE, dtype=HALF), w).shape == (0, 48)
+
+
+def test_bf16_weights_use_the_matmul() -> None:
+    w, x = rand(48, 128, dtype=HALF), rand(3, 128, dtype=HALF, seed=2)
+    assert torch.equal(linear(x, w), F.linear(x, w))
+
+
+def test_bad_layout_is_rejected() -> None:
+    w = packed("groupwise-int", 48, 256)
+    wide = torch.zeros(48, 4, device=DEVICE, dtype=torch.bfloat16)
+    parts = w.parts | {"weight_scale": wide[:, ::2]}  # right shape and dtype, strided
+    with pytest.raises(quant_linear.PackedWeightError, match="weight_scale"):
+        linear(rand(1, 256, dtype=HALF), PackedWeight(w.scheme, parts, w.shape))
+    missing = {r: p for r, p in w.parts.items() if r != "weight_zero"}
+    with pytest.raises(quant_linear.PackedWeightError, match="weight_zero"):
+        linear(rand(1, 256, dtype=HALF), PackedWeight(w.scheme, missing, w.shape))
