@@ -53,19 +53,23 @@ def kernels(only: tuple[str, ...], device: str, output: Path) -> None:
     unknown = set(only) - set(available)
     if unknown:
         raise click.ClickException(f"unknown suites {sorted(unknown)}; known: {sorted(available)}")
-    rows = []
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
+    report = {"gpu": gpu, "commit": _commit(), "date": datetime.now(timezone.utc).isoformat(),
+              "rows": []}
+    rows = report["rows"]
+    output.mkdir(parents=True, exist_ok=True)
     for name, bench in available.items():
         if only and name not in only:
             continue
         click.echo(f"running {name} ...", err=True)
-        rows += [{"suite": name, **row} for row in bench(device=device)]
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
-    report = {"gpu": gpu, "commit": _commit(), "date": datetime.now(timezone.utc).isoformat(),
-              "rows": rows}
-    output.mkdir(parents=True, exist_ok=True)
-    (output / "kernels.json").write_text(json.dumps(report, indent=1))
-    (output / "kernels.md").write_text(
-        f"GPU {gpu}, commit {report['commit']}, {report['date']}\n\n" + _markdown(rows))
+        try:
+            rows += [{"suite": name, **row} for row in bench(device=device)]
+        except Exception as e:  # noqa: BLE001 - one failing suite must not lose the others
+            rows.append({"suite": name, "op": "error", "shape": f"{type(e).__name__}: {e}"})
+        # written after every suite, so an interrupted run keeps what it measured
+        (output / "kernels.json").write_text(json.dumps(report, indent=1))
+        (output / "kernels.md").write_text(
+            f"GPU {gpu}, commit {report['commit']}, {report['date']}\n\n" + _markdown(rows))
     click.echo(_markdown(rows))
 
 

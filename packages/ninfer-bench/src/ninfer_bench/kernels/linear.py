@@ -11,6 +11,7 @@ decode reads come from HBM, not from the 50 MB L2.
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable
 
 import torch
@@ -91,11 +92,18 @@ def bench(device: str = "cuda") -> list[dict]:
         raise ValueError(f"the linear kernel benchmark needs a CUDA device, not {device!r}")
     from triton.testing import do_bench_cudagraph
 
+    # NINFER_BENCH_MODELS=27B / NINFER_BENCH_SCHEMES=nvfp4,bf16 narrow a run (GPU time is dear)
+    models = [m for m in os.environ.get("NINFER_BENCH_MODELS", "").split(",") if m]
+    schemes = [s for s in os.environ.get("NINFER_BENCH_SCHEMES", "").split(",") if s]
     gen = torch.Generator(device=device).manual_seed(0)
     rows = []
     for label, profile in MODELS.items():
+        if models and label not in models:
+            continue
         for name, (n, k) in projections(get_profile(profile).config).items():
             for scheme in SCHEMES:
+                if schemes and scheme not in schemes:
+                    continue
                 first = random_weight(scheme, n, k, device, gen)
                 size = weight_bytes(first)
                 copies = min(MAX_COPIES, max(1, -(-4 * L2_BYTES // size)))
