@@ -15,7 +15,7 @@ import struct
 import weakref
 from collections import Counter
 from datetime import datetime, timezone
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import IO, Any
 
@@ -59,6 +59,15 @@ def _first_duplicate(names: list[str]) -> str | None:
 def _discard(file: IO[bytes], path: Path) -> None:
     file.close()
     path.unlink(missing_ok=True)
+
+
+def _ninfer_version() -> str:
+    """The installed ninfer-runtime version; "source" when run from a source tree on the
+    Python path without installing (as on the GPU machine)."""
+    try:
+        return version("ninfer-runtime")
+    except PackageNotFoundError:
+        return "source"
 
 
 class ArtifactWriter:
@@ -157,7 +166,7 @@ class ArtifactWriter:
                         for n in self._tensors},
             "checksum_algorithm": CHECKSUM_ALGORITHM,
             "created": self._created,
-            "ninfer_version": version("ninfer-runtime"),
+            "ninfer_version": _ninfer_version(),
         }
 
     def _encode_header(self) -> bytes:
