@@ -4,6 +4,10 @@
 Triton is importable; `ref` always runs the reference (the oracle, and a way to bisect a wrong
 result); `triton` always runs the kernel, which on a CPU-only machine needs TRITON_INTERPRET=1
 (how CI tests the kernels).
+
+A kernel that has not yet passed its tests on the GPU is registered with `validated=False`:
+auto mode then keeps the reference, and only NINFER_OPS=triton runs it (its tests, and anyone
+bisecting). Correctness first: a kernel earns auto mode by passing on real hardware.
 """
 
 from __future__ import annotations
@@ -32,9 +36,9 @@ def ops_mode() -> str:
     return mode
 
 
-def use_triton(*tensors: torch.Tensor) -> bool:
+def use_triton(*tensors: torch.Tensor, validated: bool = True) -> bool:
     """True when the op should launch its Triton kernel on these tensors."""
     mode = ops_mode()
     if mode == "ref" or not triton_available():
         return False
-    return mode == "triton" or all(t.is_cuda for t in tensors)
+    return mode == "triton" or (validated and all(t.is_cuda for t in tensors))
