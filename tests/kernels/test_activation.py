@@ -4,27 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_helpers import DEVICE, DTYPES, check, kernels  # noqa: F401
 
 from ninfer_runtime.ops.activation import silu_and_mul, silu_and_mul_ref
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.bfloat16, torch.float32] if DEVICE == "cuda" else [torch.float16, torch.float32]
-
-
-@pytest.fixture(autouse=True)
-def kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NINFER_OPS", "triton")
-
-
-def check(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """fp32 to 1e-5; half types within one rounding step, at most 1% of elements off."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    if expected.dtype == torch.float32:
-        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
-        return
-    step = 2.0 ** -(8 if expected.dtype == torch.bfloat16 else 11)
-    torch.testing.assert_close(actual, expected, rtol=2 * step, atol=step)
-    assert (actual != expected).float().mean() <= 0.01
+pytestmark = pytest.mark.usefixtures("kernels")
 
 
 # [rows, 2I]: one row with an odd I, I over one 1024-column block, a 3-D input

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_helpers import DEVICE, DTYPES, check, kernels, rand  # noqa: F401
 
 from ninfer_runtime.ops.norm import (
     add_rms_norm,
@@ -18,29 +19,7 @@ from ninfer_runtime.ops.norm import (
     rms_norm_ref,
 )
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.bfloat16, torch.float32] if DEVICE == "cuda" else [torch.float16, torch.float32]
-
-
-@pytest.fixture(autouse=True)
-def kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NINFER_OPS", "triton")
-
-
-def rand(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    t = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-    return t.to(DEVICE, dtype)
-
-
-def check(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """fp32 to 1e-5; half types within one rounding step, at most 1% of elements off."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    if expected.dtype == torch.float32:
-        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
-        return
-    step = 2.0 ** -(8 if expected.dtype == torch.bfloat16 else 11)
-    torch.testing.assert_close(actual, expected, rtol=2 * step, atol=step)
-    assert (actual != expected).float().mean() <= 0.01
+pytestmark = pytest.mark.usefixtures("kernels")
 
 
 # (tokens, heads, D): decode rows, an odd long row, many short rows (several rows per program)

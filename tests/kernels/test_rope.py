@@ -5,33 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_helpers import DEVICE, DTYPES, check, kernels, rand  # noqa: F401
 
 from ninfer_runtime.ops.norm import rms_norm_ref
 from ninfer_runtime.ops.rope import qk_norm_rope, qk_norm_rope_ref, rope_cos_sin
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.bfloat16, torch.float32] if DEVICE == "cuda" else [torch.float16, torch.float32]
+pytestmark = pytest.mark.usefixtures("kernels")
 
 
-@pytest.fixture(autouse=True)
-def kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NINFER_OPS", "triton")
-
-
-def rand(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    t = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-    return t.to(DEVICE, dtype)
-
-
-def check(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """fp32 to 1e-5; half types within one rounding step, at most 1% of elements off."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    if expected.dtype == torch.float32:
-        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
-        return
-    step = 2.0 ** -(8 if expected.dtype == torch.bfloat16 else 11)
-    torch.testing.assert_close(actual, expected, rtol=2 * step, atol=2 * step)
-    assert (actual != expected).float().mean() <= 0.01
+def check_rope(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    check(actual, expected, atol_steps=2)
 
 
 def projected_qk(t: int, nq: int, nkv: int, hd: int,
@@ -57,11 +40,11 @@ def test_qk_norm_rope(case: tuple[int, int, int, int, int], dtype: torch.dtype) 
     cos, sin = rope_cos_sin(positions.to(DEVICE), rot, 1e7)
     q_out, k_out = qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6)
     q_ref, k_ref = qk_norm_rope_ref(q, k, qw, kw, cos, sin, 1e-6)
-    check(q_out, q_ref)
-    check(k_out, k_ref)
+    check_rope(q_out, q_ref)
+    check_rope(k_out, k_ref)
     assert q_out.is_contiguous() and k_out.is_contiguous()
     # past rotary_dim the kernel stores the norm output itself
-    check(q_out[..., rot:], rms_norm_ref(q, qw, 1e-6)[..., rot:])
+    check_rope(q_out[..., rot:], rms_norm_ref(q, qw, 1e-6)[..., rot:])
 
 
 def test_position_zero_is_the_plain_norm() -> None:
@@ -69,5 +52,5 @@ def test_position_zero_is_the_plain_norm() -> None:
     cos, sin = rope_cos_sin(torch.zeros(3, dtype=torch.int64, device=DEVICE), 8, 1e7)
     w = rand(32, seed=1)
     q_out, k_out = qk_norm_rope(q, k, w, w, cos, sin, 1e-6)
-    check(q_out, rms_norm_ref(q, w, 1e-6))
-    check(k_out, rms_norm_ref(k, w, 1e-6))
+    check_rope(q_out, rms_norm_ref(q, w, 1e-6))
+    check_rope(k_out, rms_norm_ref(k, w, 1e-6))
