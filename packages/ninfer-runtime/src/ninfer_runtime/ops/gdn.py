@@ -334,9 +334,19 @@ def _configs(options: list[tuple[int, int]]) -> list:
 
 
 def _fit_dv(configs: list, named_args: dict, **kwargs: object) -> list:
-    """Drop tiles wider than dv (keeping the narrowest one whatever happens)."""
+    """Clamp the tiles to dv (merging the ones that become equal).
+
+    A tile must never be wider than dv: the state tiles are loaded and stored unmasked, so a
+    wider one overruns into the next rows (racing with their owners), and the chunked grid,
+    dv // BV programs per head, would be empty. The interpreter's single config skips this
+    (the autotuner prunes only lists), which is how BV 32 on dv 16 passed there.
+    """
     dv = {**named_args, **kwargs}["DV"]
-    return [c for c in configs if c.kwargs["BV"] <= dv] or configs[:1]
+    fitted = {}
+    for c in configs:
+        bv = min(c.kwargs["BV"], dv)
+        fitted.setdefault((bv, c.num_warps), triton.Config({"BV": bv}, num_warps=c.num_warps))
+    return list(fitted.values())
 
 
 if triton is not None:
@@ -368,6 +378,7 @@ if triton is not None:
         GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
         K: tl.constexpr, KP: tl.constexpr, HAS_SNAPSHOTS: tl.constexpr,
     ):
+        tl.static_assert(DV % BV == 0, "the state tiles are unmasked: BV must divide DV")
         seq, kh = tl.program_id(0), tl.program_id(1)
         lo, hi = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
         slot = tl.load(slot_ptr + seq)
@@ -405,7 +416,8 @@ if triton is not None:
             tl.debug_barrier()
             src = dst
         # Conv windows last: every read of the slot's window above is done (barrier).
-        for t in range(lo if HAS_SNAPSHOTS else hi - 1, hi):
+        # (an empty segment stores nothing: its slot may be a padding slot shared with others)
+        for t in range(lo if HAS_SNAPSHOTS else tl.maximum(hi - 1, lo), hi):
             dst_ptr = conv_ptr + (tl.load(snap_ptr + t) if HAS_SNAPSHOTS else slot) * stride_cs
             store_conv_window(x_ptr, stride_x, conv_slot, dst_ptr, stride_cc, stride_ck, t,
                               lo, qch, whole_k, K, KP)
@@ -463,6 +475,7 @@ if triton is not None:
         C: tl.constexpr, SUB: tl.constexpr, SQUARINGS: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
+        tl.static_assert(DV % BV == 0, "the state tiles are unmasked: BV must divide DV")
         seq, h, vblock = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         lo, hi = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
         kh = h // GROUP
