@@ -175,9 +175,7 @@ def gated_delta_rule_varlen(
     and the chunked form for several; the kernel is chunked throughout. Returns o [N, nv, dv]
     in v.dtype. q/k/v may be strided views (last dim contiguous) of a fused projection.
     """
-    # NOTE: differed from the reference on the H200 (2026-12-02 GPU run): the
-    # reference serves auto mode until the kernel passes there (ops/dispatch.py)
-    if not use_triton(q, k, v, g, beta, states, cu_seqlens, slots, validated=False):
+    if not use_triton(q, k, v, g, beta, states, cu_seqlens, slots):
         return gated_delta_rule_varlen_ref(q, k, v, g, beta, states, cu_seqlens, slots)
     return _launch_chunked(q, k, v, g, beta, states, cu_seqlens, slots)
 
@@ -246,9 +244,7 @@ def gdn_decode(
     """
     tensors = [mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states, states, cu_seqlens,
                slots] + ([] if snapshot_slots is None else [snapshot_slots])
-    # NOTE: differed from the reference on the H200 (2026-12-02 GPU run): the
-    # reference serves auto mode until the kernel passes there (ops/dispatch.py)
-    if not use_triton(*tensors, validated=False):
+    if not use_triton(*tensors):
         return gdn_decode_ref(mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states,
                               states, cu_seqlens, slots, snapshot_slots)
     return _launch_decode(mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states, states,

@@ -131,9 +131,7 @@ def align_ref(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
 
 def route(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax (fp32) -> top-k -> renormalise: (weights fp32 [T, k], expert ids [T, k])."""
-    # NOTE: differed from the reference on the H200 (2026-12-02 GPU run): the
-    # reference serves auto mode until the kernel passes there (ops/dispatch.py)
-    if not use_triton(router_logits, validated=False) or router_logits.shape[0] == 0:
+    if not use_triton(router_logits) or router_logits.shape[0] == 0:
         return route_ref(router_logits, top_k)
     return _launch_route(router_logits, top_k)
 
