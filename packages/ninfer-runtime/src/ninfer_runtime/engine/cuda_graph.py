@@ -1,0 +1,146 @@
+"""CUDA graphs of the decode forward: one graph per batch shape, replayed instead of launched.
+
+A decode step of a 27B model is several hundred small kernels; launched one by one from Python
+their launch time exceeds their run time. Each graph records the whole forward (and lm_head)
+for one step shape: B sequences of T tokens each (T = 1 for plain decode, K + 1 for a
+speculative verify). Replaying it needs the step's inputs at the addresses the graph recorded,
+so every captured shape owns a static StepBatch whose tensors the real step is copied into
+(page tables padded to the longest a request can have), and returns static outputs that are
+only valid until the next replay.
+
+The same static-buffer path runs without capture (`capture=False`, and always on the CPU), so
+the copying and padding are tested on machines without a GPU.
+
+NOTE: everything inside the forward must launch from shapes alone (no host reads of device
+values) and Triton's autotuning must have run for every shape before capture: `capture_all`
+runs each shape twice eagerly first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from ninfer_runtime.engine.batch import StepBatch
+
+Forward = Callable[[StepBatch], tuple[torch.Tensor, torch.Tensor]]  # -> hidden, logits
+ExampleBatch = Callable[[int, int], StepBatch]  # (num_seqs, tokens_per_seq) -> a valid step
+
+
+@dataclass(frozen=True, slots=True)
+class GraphShape:
+    num_seqs: int
+    tokens_per_seq: int
+
+
+def shape_of(batch: StepBatch) -> GraphShape | None:
+    """The graph shape a step would replay, or None when its segments differ in length."""
+    n, b = batch.num_tokens, batch.state_slots.shape[0]
+    if n % b:
+        return None
+    return GraphShape(b, n // b)
+
+
+class _Captured:
+    """One shape's static inputs, outputs and (on a GPU) its graph."""
+
+    def __init__(self, example: StepBatch, max_pages: int):
+        self.static = _padded(example, max_pages)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.hidden: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None
+
+    def load(self, batch: StepBatch) -> None:
+        """Copy the step's inputs into the static ones (same shapes, page tables padded)."""
+        for f in fields(StepBatch):
+            src, dst = getattr(batch, f.name), getattr(self.static, f.name)
+            if not isinstance(src, torch.Tensor):
+                continue
+            if f.name == "page_tables":
+                dst[:, : src.shape[1]].copy_(src, non_blocking=True)
+            else:
+                dst.copy_(src, non_blocking=True)
+
+
+def _padded(batch: StepBatch, max_pages: int) -> StepBatch:
+    """Fresh tensors for `batch`, page tables widened to max_pages (padding is page 0)."""
+    tables = batch.page_tables.new_zeros((batch.page_tables.shape[0], max_pages))
+    tables[:, : batch.page_tables.shape[1]] = batch.page_tables
+    tensors = {f.name: getattr(batch, f.name).clone() for f in fields(StepBatch)
+               if isinstance(getattr(batch, f.name), torch.Tensor)}
+    return replace(batch, **(tensors | {"page_tables": tables}))
+
+
+class StepGraphs:
+    """Graphs (or, with capture=False, static-buffer eager runs) of `forward` per shape."""
+
+    def __init__(self, forward: Forward, example: ExampleBatch, max_pages: int, *,
+                 capture: bool = True):
+        self.forward = forward
+        self.example = example
+        self.max_pages = max_pages
+        self.capture = capture
+        self._shapes: dict[GraphShape, _Captured] = {}
+        self._pool = None
+
+    @property
+    def shapes(self) -> list[GraphShape]:
+        return list(self._shapes)
+
+    def capture_all(self, shapes: Iterable[GraphShape]) -> None:
+        """Warm up (autotune) and capture every shape, largest first so that the smaller
+        graphs reuse the largest one's memory pool."""
+        for shape in sorted(shapes, key=lambda s: -s.num_seqs * s.tokens_per_seq):
+            entry = _Captured(self.example(shape.num_seqs, shape.tokens_per_seq), self.max_pages)
+            if self.capture:
+                self._record(entry)
+            self._shapes[shape] = entry
+
+    def _record(self, entry: _Captured) -> None:
+        device = entry.static.token_ids.device
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # autotuning and lazy initialisation happen here, not in capture
+                self.forward(entry.static)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            entry.hidden, entry.logits = self.forward(entry.static)
+        entry.graph = graph
+
+    def can_run(self, batch: StepBatch) -> bool:
+        shape = shape_of(batch)
+        return shape in self._shapes and _matches(batch, self._shapes[shape].static)
+
+    def run(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [N, H] and logits of the step's logits rows; valid until the next run."""
+        shape = shape_of(batch)
+        assert shape is not None and self.can_run(batch), "no graph for this step"
+        entry = self._shapes[shape]
+        entry.load(batch)
+        if entry.graph is None:
+            return self.forward(entry.static)
+        entry.graph.replay()
+        assert entry.hidden is not None and entry.logits is not None
+        return entry.hidden, entry.logits
+
+
+def _matches(batch: StepBatch, static: StepBatch) -> bool:
+    """Same tensor shapes (page tables at most as wide) and the same host-side flags, which
+    choose kernels (e.g. decode_only): a graph replays only the step it recorded."""
+    for f in fields(StepBatch):
+        mine, theirs = getattr(batch, f.name), getattr(static, f.name)
+        if not isinstance(mine, torch.Tensor):
+            if mine != theirs:
+                return False
+        elif f.name == "page_tables":
+            if mine.shape[0] != theirs.shape[0] or mine.shape[1] > theirs.shape[1]:
+                return False
+        elif mine.shape != theirs.shape:
+            return False
+    return True
