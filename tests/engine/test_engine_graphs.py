@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_helpers import prompt
 
 from ninfer_runtime.engine.batch import Segment, StepBatch
 from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs, shape_of
 from ninfer_runtime.engine.memory_plan import GiB, MemoryPlanError, plan_memory
 from ninfer_runtime.models.loading import load_artifact
-
-from engine_helpers import prompt
 
 PLAN = dict(device="cuda:0", total=140 * GiB, other=1 * GiB, weights=18 * GiB,
             state_slots=2 * GiB, prefill_workspace=3 * GiB, decode_workspace=GiB // 4,

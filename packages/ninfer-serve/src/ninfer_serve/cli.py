@@ -93,20 +93,23 @@ def _default_device() -> str:
 @click.option("--served-model-name", default=None,
               help=f"Model id in the API. Default: the artifact's file stem, or "
               f"{DEFAULT_MODEL_NAME!r}.")
+@click.option("--no-cuda-graph", "no_cuda_graph", is_flag=True,
+              help="Launch decode steps kernel by kernel instead of replaying CUDA graphs.")
 @click.option("--max-body-bytes", default=MAX_BODY_BYTES, type=click.IntRange(min=1))
 @click.option("--log-level", default="info",
               type=click.Choice(["debug", "info", "warning", "error"]))
 def main(artifact: Path | None, host: str, port: int, max_context: int, prefill_chunk: int,
          kv_dtype: str, kv_capacity: int | str, max_concurrency: int, max_queue: int,
          device: str | None, api_key: str | None, served_model_name: str | None,
-         max_body_bytes: int, log_level: str) -> None:
+         no_cuda_graph: bool, max_body_bytes: int, log_level: str) -> None:
     """Serve ARTIFACT (a .ninfer file) over OpenAI-compatible HTTP."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         engine_config = EngineConfig(max_context=max_context, prefill_chunk=prefill_chunk,
                                      kv_dtype=kv_dtype, kv_capacity=kv_capacity,  # type: ignore[arg-type]
                                      max_concurrency=max_concurrency, max_queue=max_queue,
-                                     device=device or _default_device())
+                                     device=device or _default_device(),
+                                     cuda_graphs=not no_cuda_graph)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     name = served_model_name or (artifact.stem if artifact is not None else DEFAULT_MODEL_NAME)

@@ -16,6 +16,7 @@ class EngineConfig:
     max_queue: int = 256  # waiting requests beyond which new ones are refused (HTTP 429)
     device: str = "cpu"
     page_size: int = 64  # tokens per KV page
+    cuda_graphs: bool = True  # replay decode steps as CUDA graphs (GPU only)
 
     def __post_init__(self) -> None:
         if self.max_context < 2 or self.prefill_chunk < 1 or self.max_concurrency < 1:

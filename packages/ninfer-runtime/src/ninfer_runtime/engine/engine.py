@@ -21,6 +21,7 @@ import torch
 from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.engine.batch import Segment, StepBatch
 from ninfer_runtime.engine.config import EngineConfig
+from ninfer_runtime.engine.device_setup import decode_graphs, plan_device_memory
 from ninfer_runtime.engine.kv_pool import KVPool, resolve_kv_capacity
 from ninfer_runtime.engine.request import (
     AdmissionError,
@@ -62,10 +63,16 @@ class Engine:
         self.tokenizer = tokenizer
         self.generation_config = dict(generation_config or {})
         self.eos_token_ids = eos_token_ids(self.generation_config, model.config)
-        capacity = resolve_kv_capacity(config, model.config, model.dtype, model.device)
-        self.config = replace(config, kv_capacity=capacity, device=str(model.device))
+        on_gpu = model.device.type == "cuda"
+        self.memory_plan = plan_device_memory(model, config) if on_gpu else None
+        capacity = (self.memory_plan.kv_capacity if self.memory_plan is not None
+                    else resolve_kv_capacity(config, model.config, model.dtype, model.device))
+        self.config = replace(config, kv_capacity=capacity, device=str(model.device),
+                              cuda_graphs=config.cuda_graphs and on_gpu)
         self.caches = model.allocate_cache(capacity // config.page_size, config.page_size,
                                            config.max_concurrency, config.kv_dtype == "int8")
+        self.graphs = decode_graphs(model, self.caches, self.config) if self.config.cuda_graphs \
+            else None
         self.kv_pool = KVPool([c for c in self.caches if isinstance(c, PagedKV)])
         self.state_pool = StatePool([c for c in self.caches if isinstance(c, GDNSlots)])
         self.scheduler = Scheduler(config.max_concurrency, config.max_context,
@@ -129,10 +136,14 @@ class Engine:
         for state in schedule.admitted:
             state.stats.prepare_seconds = prepared - start
         sampled = [w for w in schedule.work if w.samples]
-        hidden = self.model.forward_batch(batch, self.caches)
         results = []
+        if self.graphs is not None and self.graphs.can_run(batch):
+            _, logits = self.graphs.run(batch)
+        else:
+            hidden = self.model.forward_batch(batch, self.caches)
+            logits = self.model.logits(hidden[batch.logits_rows]) if sampled else None
         if sampled:
-            logits = self.model.logits(hidden[batch.logits_rows])
+            assert logits is not None
             results = sample(logits, [w.state.sampler for w in sampled])
         now = time.perf_counter()
         prefill_tokens = 0
