@@ -2,8 +2,10 @@
 
 Weights are random stored parts (every code, fp8 scales over their whole range), not quantizer
 output, so every decode case is hit. One-hot activations read single weights back and must be
-bit-exact in fp32; random activations check accumulation, masking and the K split to the
-rounding of the output dtype.
+bit-exact (in fp32, and in half types up to the output's one rounding); random activations
+check accumulation, masking and the K split to the rounding of the output dtype. On the GPU the
+decode kernel runs both its inline-PTX decoders and their pure-Triton twin (the interpreter can
+only run the twin; tests/kernels/test_quant_decode.py proves the PTX itself).
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ from ninfer_runtime.quant import PackedWeight, get_scheme
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16  # interpreter: no bf16 tl.dot
+# the decode kernel converts activations to fp16 itself, so it takes bf16 under the interpreter
+DECODE_HALVES = (torch.float16, torch.bfloat16)
+# ... but the interpreter casts fp32 to bf16 by truncation: bit-exact bf16 outputs on the GPU only
+EXACT_HALVES = DECODE_HALVES if DEVICE == "cuda" else (torch.float16,)
+ASM = (True, False) if DEVICE == "cuda" else (False,)  # inline PTX needs the GPU
 # max |error| allowed, relative to max |reference|: fp32 accumulation order; one rounding of
 # the output (and of the groupwise-int operand, as the reference rounds it) in half types
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -82,32 +89,67 @@ def test_fp32_activations(scheme: str, m: int) -> None:
     check(linear(x, w), x, w)
 
 
-@pytest.mark.parametrize("path", ["fma", "dot", "gemm"])
+@pytest.mark.parametrize("path", ["decode-1", "decode-16", "gemm"])
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_one_hot_rows_read_back_exact_weights(scheme: str, path: str,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_hot_rows_read_back_exact_weights(scheme: str, path: str) -> None:
     """x = rows of the identity: each output is one dequantized weight, exact in fp32
-    (CUDA cores: one row per call; tensor cores: 16 rows; GEMM: all K rows)."""
+    (decode kernel: one row or 16 per call; GEMM: all K rows)."""
     n, k = 48, 256
     w = packed(scheme, n, k, seed=3)
     eye = torch.eye(k, device=DEVICE)
     expected = w.dequantize().T
-    monkeypatch.setattr(quant_linear, "CUDA_CORE_M1", path == "fma")
     # columns 37 apart hit every code position j and several scale blocks
-    batches = {"fma": [[c * 37 % k] for c in range(8)], "dot": [[c * 37 % k for c in range(16)]],
-               "gemm": [list(range(k))]}[path]
+    batches = {"decode-1": [[c * 37 % k] for c in range(8)],
+               "decode-16": [[c * 37 % k for c in range(16)]], "gemm": [list(range(k))]}[path]
     for cols in batches:
         assert torch.equal(linear(eye[cols], w), expected[cols])
 
 
-@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("asm", ASM)
+@pytest.mark.parametrize("dtype", EXACT_HALVES)
+@pytest.mark.parametrize("m", [1, 16])
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_tensor_core_decode(scheme: str, m: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every decode M on tensor cores, one token included (CUDA_CORE_M1 off)."""
-    monkeypatch.setattr(quant_linear, "CUDA_CORE_M1", False)
+def test_decode_one_hot_in_half_types(scheme: str, m: int, dtype: torch.dtype, asm: bool,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fp16 operands are exact: one-hot half activations give each weight rounded once
+    to the output dtype, as the reference does (fp32 product, then the cast)."""
+    monkeypatch.setattr(quant_linear, "DECODE_ASM", asm)
+    n, k = 48, 256
+    w = packed(scheme, n, k, seed=7)
+    eye = torch.eye(k, device=DEVICE, dtype=dtype)
+    expected = w.dequantize().T.to(dtype)
+    for first in (0, 5, 11):
+        cols = [(first + c * 37) % k for c in range(m)]
+        assert torch.equal(linear(eye[cols], w), expected[cols])
+
+
+@pytest.mark.parametrize("asm", ASM)
+@pytest.mark.parametrize("dtype", DECODE_HALVES)
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 16])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_decode_every_m(scheme: str, m: int, dtype: torch.dtype, asm: bool,
+                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every decode M (rows padded to 8 or 16), both half activation types, K off the tile."""
+    monkeypatch.setattr(quant_linear, "DECODE_ASM", asm)
     w = packed(scheme, 80, 384, seed=4)
-    x = rand(m, 384, dtype=HALF)
+    x = rand(m, 384, dtype=dtype)
     check(linear(x, w), x, w)
+
+
+def test_bf16_activations_keep_their_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 activations far beyond fp16's range (the decode scales them by 2^-6) and tiny
+    ones stay finite and accurate."""
+    w = packed("nvfp4", 48, 256, seed=8)
+    x = rand(2, 256, dtype=torch.float32)
+    x[0] *= 3e5
+    x[1] *= 1e-4
+    x = x.bfloat16()
+    for asm in ASM:
+        monkeypatch.setattr(quant_linear, "DECODE_ASM", asm)
+        out = linear(x, w)
+        assert torch.isfinite(out).all()
+        for row in range(2):  # each against its own magnitude
+            check(out[row:row + 1], x[row:row + 1], w)
 
 
 @pytest.mark.parametrize("m", [1, 8])

@@ -1,6 +1,6 @@
 """`linear` on the real projection shapes: packed nvfp4 / groupwise-int kernels and bf16 cuBLAS.
 
-Decode (M = 1, 4, 8 tokens) streams the weight once: its ceiling is the bytes moved (packed
+Decode (M = 1, 2, 4, 8 tokens) streams the weight once: its ceiling is the bytes moved (packed
 codes, scales, activations in, outputs out) at the copy bandwidth, 4.24e12 B/s. Prefill
 (M = 4096) is tensor-core bound: its ceiling is 2MNK at 789e12 bf16 FLOP/s. The bf16 rows are
 F.linear (cuBLAS), the reference point on the same shapes. Random stored parts (the kernels'
@@ -25,7 +25,7 @@ BANDWIDTH = 4.24e12  # B/s, measured copy bandwidth of one H200
 FLOPS = 789e12  # bf16 dense tensor-core FLOP/s measured on the same H200
 MODELS = {"27B": "qwen3_6_27b", "35B-A3B": "qwen3_6_35b_a3b"}
 SCHEMES = ("nvfp4", "groupwise-int", "bf16")
-DECODE_M = (1, 4, 8)
+DECODE_M = (1, 2, 4, 8)  # batched decode and speculative verification sizes
 PREFILL_M = 4096
 L2_BYTES = 50 * 2**20
 MAX_COPIES = 512

@@ -5,38 +5,37 @@ is needed: codes uint8 [N, K/2] viewed as int32 words [N, K/8], word w of a row 
 8w..8w+7 with input 8w + j in bits 4j..4j+3 (low nibble = even input). A K tile is a 16-byte
 load per thread of whole words; the decode works on the words in place.
 
-Decode, without tables or chains of `where`, in 32-bit integer ops:
-- nvfp4: code j (sign bit 3, magnitude bits 0-2) moves to the fp32 sign bit (31) and the
-  exponent / top mantissa bits (22-24): that float is exactly e2m1 * 2^-126 (±0.5 land on a
-  subnormal, which fp32 FMA handles at full rate). For j < 6 one integer multiply by
-  2^a + 2^b places magnitude and sign at once (the two shifted copies do not overlap): a code
-  costs AND, IMAD, AND. The fp8 block scale is applied once per 8-code word (CUDA cores) or
-  folded into the tensor-core operand; the per-row global scale once per output. Power-of-two
-  offsets keep every intermediate exact and are undone in the epilogue.
-- groupwise-int: code q goes into the mantissa of 1.0, giving 1 + q/16 (shift, LOP3), and
-  (q - z) * s = (1 + q/16) * 16s - (16 + z) * s with both terms exact in fp32: the zero point
-  costs one FMA per weight in the tensor-core paths, one per word on CUDA cores.
+Two decoders:
+- fp32 (the CUDA-core FMA paths of ops.moe, fp32 activations, the prefill GEMM's operands):
+  code j (sign bit 3, magnitude bits 0-2) moves to the fp32 sign bit (31) and the exponent /
+  top mantissa bits (22-24): that float is exactly e2m1 * 2^-126 (±0.5 land on a subnormal,
+  which fp32 FMA handles at full rate). For j < 6 one integer multiply by 2^a + 2^b places
+  magnitude and sign at once (the two shifted copies do not overlap): a code costs AND, IMAD,
+  AND. groupwise-int: code q goes into the mantissa of 1.0, giving 1 + q/16 (shift, LOP3).
+  Power-of-two offsets keep every intermediate exact and are undone in the epilogue.
+- fp16 (`quant_decode`, the decode GEMV with half activations): two codes per 32-bit
+  instruction with inline PTX byte tricks (prmt / lop3), the nvfp4 block scale applied with
+  one fp16x2 multiply per word pair; a pure-Triton twin produces the same bits under the
+  interpreter.
 
 Kernels:
-- `_skinny_kernel`, decode (M <= SKINNY_MAX_M). A program owns BN output rows and one split of
-  K. One token runs on CUDA cores: per-word sums of code * x in the word tile's own register
-  layout (only the small x slices move), scaled once per word, reduced over K after the loop;
-  the next tile is loaded into registers by hand while this one is decoded (the compiler only
-  pipelines loads that feed a dot). M = 2..16 (rows padded to 16) runs on tensor cores with
-  the weight as the wide operand: per code position j, W_j [BN, BK/8] @ x[:, 8w + j]^T, eight
-  dots per tile and no interleave of decoded codes (wgmma with the weight in registers for
-  BN >= 64). K is split over a second grid axis when row tiles alone would leave SMs idle;
-  partials go to a fp32 buffer reduced by `_splitk_reduce_kernel` (deterministic, no zeroing,
-  CUDA-graph safe).
+- `_decode_kernel`, decode (M <= SKINNY_MAX_M, one token included). A program owns BN output
+  rows and one split of K; every M runs on tensor cores, rows padded to 16 (a GEMV is bound by
+  decoding, not by the MMA). Per code position j, W_j [BN, BK/8] @ x[:, 8w + j]^T:
+  eight dots per tile, the weight the wide operand held in registers (wgmma / mma), so that
+  the operand registers pair two adjacent words of one row, which is what the PTX decodes.
+  nvfp4 folds its fp8 block scale into the fp16 operand (exact); groupwise-int iterates one
+  128-code group at a time and applies scale and zero point to the group's dot result:
+  s * (sum((1024 + q) x) - (1024 + z) * sum(x)). K is split over a second grid axis when
+  row tiles alone would leave SMs idle; partials go to a fp32 buffer reduced by
+  `_splitk_reduce_kernel` (deterministic, no zeroing, CUDA-graph safe).
 - `_gemm_kernel`, prefill (M > SKINNY_MAX_M): tiled tensor-core GEMM; the [BN, BK] weight tile
   is dequantized in registers to x.dtype (exact for nvfp4 in bf16 and fp16), interleaved back
   to input order and fed to tl.dot (wgmma) with the activation tile, fp32 accumulation.
 
-NOTE (sm_90 SASS of the compiled loops, Triton 3.9): about 6 instructions per weight on CUDA
-cores (nvfp4; ~5 groupwise-int) and 6-7 on the tensor-core paths, against a budget of ~4.4 per
-weight for an H200's issue rate to keep up with 4.24 TB/s of nvfp4. Pure Triton cannot decode
-two codes per 32-bit op (no fp16x2 bit tricks without inline PTX): that, not the bytes, is
-where a decode GEMV's remaining time goes.
+NOTE: `scripts/sass_report.py` compiles these kernels for sm_90 without a GPU and prints the
+SASS instructions per weight of each inner loop (the budget for 4.24 TB/s of nvfp4 on an H200
+is ~4.4 at full issue rate).
 
 bf16 weights never come here: cuBLAS (F.linear) is the ceiling for them (BENCHMARKS.md).
 """
@@ -50,6 +49,7 @@ from functools import cache
 
 import torch
 
+from ninfer_runtime.ops.quant_decode import INT_F16_BIAS, NV_F16_EXP, X_BF16_EXP
 from ninfer_runtime.quant import PackedWeight
 
 try:
@@ -59,12 +59,17 @@ except ImportError:  # CPU-only install: linear() runs the reference
     triton = None
 
 SKINNY_MAX_M = 16  # up to here the decode kernel, above it the tiled GEMM
-CUDA_CORE_M1 = True  # one token decodes on CUDA cores; False: on tensor cores like M = 2..16
+# the decode kernel's fp16 operands come from inline PTX on the GPU (False: the pure-Triton
+# twin, bit-identical and slower; the interpreter always runs the twin)
+DECODE_ASM = True
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 _PROGRAMS_PER_SM = 4  # the K split aims at this many programs per SM
 _MAX_SPLITS = 16
-_TC_MIN_M = 16  # tl.dot needs >= 16 along each dim: decode rows are padded to it
+_GROUP_BK = 128  # groupwise-int: the decode kernel's K tile is one quantization group
+# decode rows padded to 16 for every M <= 16: wgmma (N = 16) with the x tile converted once
+# per program beats mma.sync (N = 8), which converts it in every warp (scripts/sass_report.py)
+_DECODE_BM = 16
 
 
 @dataclass(frozen=True)
@@ -138,7 +143,7 @@ def packed_linear(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     if m == 0:
         return out
     if m <= SKINNY_MAX_M:
-        _launch_skinny(x, ops, out, use_dot=m > 1 or not CUDA_CORE_M1)
+        _launch_decode(x, ops, out)
     else:
         _launch_gemm(x, ops, out)
     return out
@@ -170,23 +175,21 @@ def k_split(n: int, k: int, device: torch.device) -> tuple[int, int]:
     return split_len, triton.cdiv(k, split_len)
 
 
-def _launch_skinny(x: torch.Tensor, ops: _Operands, out: torch.Tensor, use_dot: bool) -> None:
+def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
     m, k = x.shape
     n = out.shape[1]
     split_len, splits = k_split(n, k, x.device)
     direct = splits == 1
     dst = out if direct else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-    kernel = _skinny_dot if use_dot else _skinny_fma
-    assert use_dot or m == 1, "the CUDA-core decode kernel takes one activation row"
-    bm = max(_TC_MIN_M, triton.next_power_of_2(m)) if use_dot else 1
+    kernel = _decode_nv if ops.layout.scheme == _NVFP4_ID else _decode_int
 
     def grid(meta: dict) -> tuple[int, int]:
         return triton.cdiv(n, meta["BN"]), splits
 
     kernel[grid](x, ops.words, ops.scale, ops.zero, ops.gscale, dst, m, n, k, x.stride(0),
                  ops.words.stride(0), ops.scale.stride(0), split_len,
-                 SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale, BM=bm,
-                 USE_DOT=use_dot, DIRECT=direct, PRECISION=_precision(x))
+                 SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale, BM=_DECODE_BM,
+                 DIRECT=direct, ASM=DECODE_ASM and not _INTERPRET, PRECISION=_precision(x))
     if not direct:
         block = 1024
         _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
@@ -223,15 +226,22 @@ def _configs(space: list[tuple[dict, int, int]], interpret: tuple[dict, int, int
 
 
 if triton is not None:
+    from ninfer_runtime.ops.quant_decode import int_operands, nv_operands, x_operand
+
     _NVFP4 = tl.constexpr(_NVFP4_ID)
-    # nvfp4 power-of-two offsets (see the module docstring): decoded codes are e2m1 * 2^-126;
-    # the tensor-core operand is e2m1 * s * 2^-8 (in range for fp16 too), the CUDA-core path
-    # multiplies x by 2^96 (no subnormal products for |x| >= 2^-96, no overflow below 2^32)
-    # and its per-word sums by s * 2^22: both accumulate sum(e2m1 * s * x) * 2^-8.
+    # nvfp4 power-of-two offsets of the fp32 decoder (see the module docstring): decoded
+    # codes are e2m1 * 2^-126; the tensor-core operand is e2m1 * s * 2^-8, a CUDA-core FMA
+    # path (ops.moe) multiplies x by 2^96 (no subnormal products for |x| >= 2^-96, no overflow
+    # below 2^32) and its per-word sums by s * 2^22: both accumulate sum(e2m1 * s * x) * 2^-8.
     _NV_DOT_SCALE = tl.constexpr(2.0**118)
     _NV_FMA_SCALE = tl.constexpr(2.0**22)
     _NV_FMA_X = tl.constexpr(2.0**96)
     _NV_OUT = tl.constexpr(2.0**8)
+    # the fp16 decode operands' offsets (quant_decode)
+    _NV_F16_OUT = tl.constexpr(2.0**NV_F16_EXP)
+    _X_BF16_OUT = tl.constexpr(2.0**X_BF16_EXP)
+    _INT_F16_BIAS = tl.constexpr(INT_F16_BIAS)
+    _GROUP_BK_C = tl.constexpr(_GROUP_BK)
 
     @triton.jit
     def _e2m1(words, J: tl.constexpr):
@@ -310,76 +320,107 @@ if triton is not None:
         return tl.reshape(t, (o0.shape[0], 8 * o0.shape[1]))
 
     @triton.jit
-    def _skinny_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_x,
+    def _split8(x, BM: tl.constexpr, BKW: tl.constexpr):
+        """x [BM, 8 * BKW] -> eight [BKW, BM] tensors, the j-th holding x[:, 8w + j]^T."""
+        t = tl.permute(tl.reshape(x, (BM, BKW, 2, 2, 2)), (1, 0, 4, 3, 2))  # j = 4a + 2b + c
+        t0, t1 = tl.split(t)  # a
+        t00, t01 = tl.split(t0)  # b
+        t10, t11 = tl.split(t1)
+        x0, x1 = tl.split(t00)  # c
+        x2, x3 = tl.split(t01)
+        x4, x5 = tl.split(t10)
+        x6, x7 = tl.split(t11)
+        return x0, x1, x2, x3, x4, x5, x6, x7
+
+    @triton.jit
+    def _dot8(o, x, acc, PRECISION: tl.constexpr):
+        """acc + sum over j of o[j] [BN, BKW] @ x[j] [BKW, BM]."""
+        for j in tl.static_range(8):
+            acc = tl.dot(o[j], x[j], acc, input_precision=PRECISION)
+        return acc
+
+    @triton.jit
+    def _decode_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_x,
                        stride_w, stride_s, split_len, SCHEME: tl.constexpr, WPS: tl.constexpr,
-                       BM: tl.constexpr, USE_DOT: tl.constexpr, DIRECT: tl.constexpr,
+                       BM: tl.constexpr, DIRECT: tl.constexpr, ASM: tl.constexpr,
                        PRECISION: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
                        BK: tl.constexpr):
-        """out[:, rows] (DIRECT: final, in x.dtype) or the fp32 partial of K split pid 1."""
+        """out[:, rows] (DIRECT: final, in x.dtype) or the fp32 partial of K split pid 1.
+
+        Operands: fp16 for half activations (`quant_decode`), fp32 for fp32 ones (exact
+        products, "ieee" dots; tests and references only)."""
         BKW: tl.constexpr = BK // 8
         BKS: tl.constexpr = BKW // WPS
+        x_type: tl.constexpr = x_ptr.dtype.element_ty
+        F16: tl.constexpr = x_type != tl.float32
+        tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
         pid_k = tl.program_id(1)
         rows = tl.program_id(0) * BN + tl.arange(0, BN)
         row_ok = rows < N
+        row_off = rows.to(tl.int64)
         ms = tl.arange(0, BM)
         m_ok = ms < M
         k_lo = pid_k * split_len
         k_hi = tl.minimum(K, k_lo + split_len)
         x_row = x_ptr + ms.to(tl.int64) * stride_x
-        if USE_DOT:
-            # tl.dot operands: the compiler software-pipelines these loads (num_stages)
-            acc = tl.zeros((BN, BM), tl.float32)
-            for k0 in range(k_lo, k_hi, BK):
-                words, mul, add = _load_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, k_hi,
-                                             stride_w, stride_s, SCHEME, WPS, BK, EVEN_K,
-                                             _NV_DOT_SCALE)
-                # acc^T [BN, BM] += W_j [BN, BKW] @ x[:, 8w + j]^T [BKW, BM] for j = 0..7: the
-                # eight code positions need no interleave, x is tiny and read strided
-                mul = _per_word(mul, WPS)
-                add = _per_word(add, WPS)
-                kw = k0 // 8 + tl.arange(0, BKW)
-                x_ptrs = x_row[None, :] + kw[:, None] * 8
-                x_mask = m_ok[None, :] & (kw < k_hi // 8)[:, None]
-                for j in tl.static_range(8):
-                    xj = tl.load(x_ptrs + j, mask=x_mask, other=0.0)
-                    wj = _operand(words, j, mul, add, SCHEME, x_ptr.dtype.element_ty)
-                    acc = tl.dot(wj, xj, acc, input_precision=PRECISION)
-        else:
-            # CUDA cores, one activation row: per-word sums of code * x on [BN, BKS, WPS]
-            # (the word tile's own layout: only the small x slices get moved), scaled once per
-            # word, reduced over K once after the loop. Loads that feed no dot are not
-            # pipelined by the compiler: the next tile is loaded into registers by hand
-            # before this one is decoded.
-            acc = tl.zeros((BN, BKS, WPS), tl.float32)
-            nxt = _load_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k_lo, k_hi, stride_w, stride_s,
-                             SCHEME, WPS, BK, EVEN_K, _NV_FMA_SCALE)
-            for k0 in range(k_lo, k_hi, BK):
-                words, mul, add = nxt
-                nxt = _load_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0 + BK, k_hi, stride_w,
-                                 stride_s, SCHEME, WPS, BK, EVEN_K, _NV_FMA_SCALE)
-                words = tl.reshape(words, (BN, BKS, WPS))
-                kw = (k0 // 8 + tl.arange(0, BKS)[:, None] * WPS + tl.arange(0, WPS)[None, :])
-                x_ptrs = x_ptr + kw * 8
-                x_mask = kw < k_hi // 8
-                part = tl.zeros((BN, BKS, WPS), tl.float32)
-                xsum = tl.zeros((BKS, WPS), tl.float32)
-                for j in tl.static_range(8):
-                    xj = tl.load(x_ptrs + j, mask=x_mask, other=0.0).to(tl.float32)
-                    if SCHEME == _NVFP4:
-                        part += _e2m1(words, j) * (xj * _NV_FMA_X)[None]
-                    else:
-                        part += _uint4(words, j) * xj[None]
-                        xsum += xj
-                if SCHEME == _NVFP4:
-                    acc += part * mul[:, :, None]
+        acc = tl.zeros((BN, BM), tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            # k0 is a multiple of BK: tell the compiler, so that the loads are 16-byte wide
+            kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
+            kx = tl.max_contiguous(tl.multiple_of(k0 + tl.arange(0, BK), BK), BK)
+            ks = tl.max_contiguous(tl.multiple_of(k0 // (8 * WPS) + tl.arange(0, BKS), BKS),
+                                   BKS)
+            if EVEN_K:
+                w_mask = row_ok[:, None]
+                s_mask = row_ok[:, None]
+                x_mask = m_ok[:, None]
+            else:
+                w_mask = row_ok[:, None] & (kw < k_hi // 8)[None, :]
+                s_mask = row_ok[:, None] & (ks < k_hi // (8 * WPS))[None, :]
+                x_mask = m_ok[:, None] & (kx < k_hi)[None, :]
+            words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :], mask=w_mask,
+                            other=0).to(tl.uint32, bitcast=True)
+            s_off = row_off[:, None] * stride_s + ks[None, :]
+            scale = tl.load(s_ptr + s_off, mask=s_mask, other=0.0)
+            x = tl.load(x_row[:, None] + kx[None, :], mask=x_mask, other=0.0)
+            if F16:
+                x = x_operand(x, ASM)
+            xs = _split8(x, BM, BKW)
+            if SCHEME == _NVFP4:
+                if F16:
+                    o = nv_operands(words, _per_word(scale.to(tl.uint8, bitcast=True), WPS),
+                                    ASM)
                 else:
-                    acc += part * mul[:, :, None] + xsum[None] * add[:, :, None]
-        res = tl.trans(acc) if USE_DOT else tl.sum(tl.sum(acc, axis=2), axis=1)[None, :]
+                    mul = _per_word(scale.to(tl.float32) * _NV_DOT_SCALE, WPS)
+                    o = (_e2m1(words, 0) * mul, _e2m1(words, 1) * mul, _e2m1(words, 2) * mul,
+                         _e2m1(words, 3) * mul, _e2m1(words, 4) * mul, _e2m1(words, 5) * mul,
+                         _e2m1(words, 6) * mul, _e2m1(words, 7) * mul)
+                acc = _dot8(o, xs, acc, PRECISION)
+            else:
+                # one group: d = sum(o * x) with o = UNIT * q + BIAS, exact in the operand type
+                if F16:
+                    o = int_operands(words, ASM)
+                    unit, bias = 1.0, _INT_F16_BIAS
+                else:  # 1 + q/16
+                    o = (_uint4(words, 0), _uint4(words, 1), _uint4(words, 2), _uint4(words, 3),
+                         _uint4(words, 4), _uint4(words, 5), _uint4(words, 6), _uint4(words, 7))
+                    unit, bias = 16.0, 16.0
+                d = _dot8(o, xs, tl.zeros((BN, BM), tl.float32), PRECISION)
+                # the group's sum of the very operand values, from the tile before its split
+                xsum = tl.sum(x.to(tl.float32), axis=1)
+                zero = tl.load(z_ptr + s_off, mask=s_mask, other=0).to(tl.float32)
+                acc += scale.to(tl.float32) * (unit * d - (bias + zero) * xsum[None, :])
+        # undo the operand offsets: nvfp4 e2m1 * s * 2^-14 (fp16) / 2^-8 (fp32), bf16 x * 2^-6
+        out_scale = 1.0
+        if SCHEME == _NVFP4:
+            out_scale = _NV_F16_OUT if F16 else _NV_OUT
+        if x_type == tl.bfloat16:
+            out_scale = out_scale * _X_BF16_OUT
+        res = tl.trans(acc) * out_scale
         mask = m_ok[:, None] & row_ok[None, :]
         if DIRECT:
             if SCHEME == _NVFP4:
-                g = tl.load(g_ptr + rows, mask=row_ok, other=0.0)
-                res = res * (g * _NV_OUT)[None, :]
+                res = res * tl.load(g_ptr + rows, mask=row_ok, other=0.0)[None, :]
             dst = out_ptr + ms.to(tl.int64)[:, None] * N + rows[None, :]
             tl.store(dst, res.to(out_ptr.dtype.element_ty), mask=mask)
         else:
@@ -441,7 +482,7 @@ if triton is not None:
         for s in range(SPLITS):
             acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
         if SCHEME == _NVFP4:
-            acc *= tl.load(g_ptr + offs % N, mask=mask, other=0.0) * _NV_OUT
+            acc *= tl.load(g_ptr + offs % N, mask=mask, other=0.0)
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     def _even_k(args: dict) -> bool:
@@ -452,23 +493,20 @@ if triton is not None:
     # groupwise-int group) and >= 128 (tl.dot needs BK/8 >= 16).
     # NOTE: tuning runs on a key's first call; warm every decode bucket up before capturing
     # the engine's CUDA graphs.
-    _SKINNY_KEY = ["N", "K", "BM", "SCHEME"]
-    # CUDA cores: the wide configs hold several rows per thread (x slices reused across rows);
-    # num_stages is moot (the prefetch is by hand). ~6 SASS instructions per weight (sm_90).
-    _skinny_fma = triton.autotune(_configs(
-        [({"BN": bn, "BK": bk}, w, 1) for bn, bk, w in (
-            (64, 256, 4), (128, 256, 4), (128, 256, 8), (256, 256, 8), (64, 512, 8),
-            (128, 512, 8))],
-        ({"BN": 32, "BK": 256}, 4, 1)), key=_SKINNY_KEY, do_bench=_graph_bench)(
-        triton.heuristics({"EVEN_K": _even_k})(_skinny_kernel))
-    # tensor cores: the weight is the wide operand (BN rows): BN >= 64 gets wgmma with the
-    # weight in registers (BN = 32 falls back to mma.sync and twice the instructions)
-    _skinny_dot = triton.autotune(_configs(
-        [({"BN": bn, "BK": bk}, w, s) for bn, bk, w, s in (
-            (64, 256, 4, 3), (128, 256, 4, 3), (64, 512, 4, 2), (128, 512, 8, 2),
-            (128, 256, 8, 4))],
-        ({"BN": 32, "BK": 256}, 4, 1)), key=_SKINNY_KEY, do_bench=_graph_bench)(
-        triton.heuristics({"EVEN_K": _even_k})(_skinny_kernel))
+    _DECODE_KEY = ["N", "K", "SCHEME"]
+    # The weight tile is the wgmma A operand in registers (64 rows per warp group); wide row
+    # tiles amortize the x tile's conversion and its copy to shared memory. BN = 64 is for
+    # narrow matrices (more programs). ~3.2-3.5 SASS instructions per weight for nvfp4 with
+    # bf16 activations, ~2.9-3.3 for groupwise-int (sm_90, Triton 3.6, no spills).
+    _decode_nv = triton.autotune(_configs(
+        [({"BN": bn, "BK": 256}, w, s) for bn, w, s in ((256, 8, 3), (128, 4, 3), (64, 4, 4))],
+        ({"BN": 32, "BK": 256}, 4, 1)), key=_DECODE_KEY, do_bench=_graph_bench)(
+        triton.heuristics({"EVEN_K": _even_k})(_decode_kernel))
+    _decode_int = triton.autotune(_configs(
+        [({"BN": bn, "BK": _GROUP_BK}, w, s) for bn, w, s in (
+            (256, 8, 4), (128, 4, 4), (64, 4, 4))],
+        ({"BN": 32, "BK": _GROUP_BK}, 4, 1)), key=_DECODE_KEY, do_bench=_graph_bench)(
+        triton.heuristics({"EVEN_K": _even_k})(_decode_kernel))
     # prefill: dequantizing costs ~6-8 instructions per weight, shared by BM rows of MMA work,
     # so tall tiles pay it least
     _gemm = triton.autotune(_configs(
@@ -478,5 +516,5 @@ if triton is not None:
         ({"BM": 32, "BN": 32, "BK": 256, "GROUP_M": 2}, 4, 1)),
         key=["m_bucket", "N", "K", "SCHEME"], do_bench=_graph_bench)(
         triton.heuristics({"EVEN_K": _even_k})(_gemm_kernel))
-    AUTOTUNED = (_skinny_fma, _skinny_dot, _gemm)
-    _SPLIT_GRANULE = max(c.kwargs["BK"] for c in _skinny_fma.configs + _skinny_dot.configs)
+    AUTOTUNED = (_decode_nv, _decode_int, _gemm)
+    _SPLIT_GRANULE = max(c.kwargs["BK"] for c in _decode_nv.configs + _decode_int.configs)

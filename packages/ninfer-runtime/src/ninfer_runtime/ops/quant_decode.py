@@ -1,0 +1,161 @@
+"""Packed 4-bit codes -> fp16 tensor-core operands, two codes per 32-bit instruction.
+
+The decode GEMV (`quant_linear`) multiplies on tensor cores in fp16: a weight code becomes an
+fp16 operand with integer bit tricks on whole words, and the activations are converted to fp16
+once per tile. Every function here has two implementations that produce the same bits:
+
+- `ASM=True` (GPU): inline PTX through `tl.inline_asm_elementwise`, two 32-bit words (adjacent
+  K words of one weight row, which is how the tensor-core operand layout pairs registers) in,
+  eight fp16x2 registers out, one per code position j: lane 0 from the first word, lane 1 from
+  the second.
+- `ASM=False` (Triton's interpreter, which cannot run PTX, and a pure-Triton fallback on the
+  GPU): the same values one code at a time with plain integer ops and bitcasts.
+
+The PTX is proven without a GPU by `tests/kernels/test_quant_decode.py`, which replays every
+instruction below (same constants, documented prmt/lop3 semantics) in torch over all codes.
+
+Byte tricks (PTX `prmt.b32 d, a, b, sel`: output byte i is byte sel[4i+2:4i] of the 8 bytes
+{b, a}, or that byte's sign bit replicated when sel bit 4i+3 is set; `lop3` with lut 0xEA is
+(a & b) | c):
+
+- nvfp4: an E2M1 code (sign s, magnitude e1 e0 m) placed as the HIGH byte of an fp16 with the
+  magnitude in bits 9-11 and s in bit 15 is exactly e2m1 * 2^-14 (code 1 lands on a subnormal,
+  which fp16 arithmetic keeps). Per word pair: one prmt gathers byte i of both words into one
+  register (`[a.b0, b.b0, a.b1, b.b1]`); three ops turn the four high nibbles into four such
+  high bytes at once (`(g & 0x80808080) | ((g >> 3) & 0x0E0E0E0E)`), four the low nibbles; one
+  prmt with a zero register spreads two of them into an fp16x2 (`[0, u.b0, 0, u.b1]`). The
+  fp8 block scale is converted once per word pair (`cvt.rn.f16x2.e4m3x2`, both words share a
+  16-code block) and applied with one `mul.f16x2`: the operand is e2m1 * s * 2^-14, exact in
+  fp16 (at most 6 significant bits, no smaller than 2^-24, no larger than 6 * 448 * 2^-14).
+- groupwise-int: code q OR-ed into the mantissa of 1024.0 (0x6400) is exactly 1024 + q. The
+  zero point and scale are applied after the dot, once per 128-code group and output:
+  sum((q - z) * s * x) = s * (sum((1024 + q) * x) - (1024 + z) * sum(x)).
+- activations: bf16 x becomes fp16 x * 2^-6 (power-of-two scaled so that |x| up to 4.2e6 stays
+  finite; values under 2^-8 keep an absolute precision of 2^-19, below bf16's own rounding of
+  them); fp16 x is used as it is.
+"""
+
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only install: nothing here is used
+    triton = None
+
+# fp16 operand offsets the kernels undo in their epilogue
+NV_F16_EXP = 14  # nvfp4 fp16 operand = e2m1 * s * 2^-14
+INT_F16_BIAS = 1024.0  # groupwise-int fp16 operand = 1024 + q
+X_BF16_EXP = 6  # bf16 activations enter the dot as fp16 x * 2^-6
+
+
+def _nv_pair_ptx() -> str:
+    """PTX: words $8, $9 and their block-scale bytes $10 -> $0..$7 = fp16x2 of code j."""
+    def half(gather: str, lo: int) -> list[str]:
+        # codes lo, lo+1, lo+2, lo+3 of both words: u holds the high nibbles (odd codes),
+        # v the low nibbles (even codes), as fp16 high bytes
+        return [
+            f"prmt.b32 g, $8, $9, {gather};",
+            "shr.b32 t, g, 3;",
+            "and.b32 t, t, 0x0E0E0E0E;",
+            "lop3.b32 u, g, 0x80808080, t, 0xEA;",
+            "shl.b32 t, g, 1;",
+            "and.b32 t, t, 0x0E0E0E0E;",
+            "shl.b32 v, g, 4;",
+            "lop3.b32 v, v, 0x80808080, t, 0xEA;",
+            f"prmt.b32 ${lo}, v, 0, 0x1404;",
+            f"prmt.b32 ${lo + 1}, u, 0, 0x1404;",
+            f"prmt.b32 ${lo + 2}, v, 0, 0x3424;",
+            f"prmt.b32 ${lo + 3}, u, 0, 0x3424;",
+        ]
+    lines = ["{", ".reg .b32 g, t, u, v, s;", ".reg .b16 sl, sh;",
+             "mov.b32 {sl, sh}, $10;", "cvt.rn.f16x2.e4m3x2 s, sl;"]
+    lines += half("0x5140", 0) + half("0x7362", 4)
+    lines += [f"mul.rn.f16x2 ${j}, ${j}, s;" for j in range(8)]
+    return "\n".join([*lines, "}"])
+
+
+def _int_pair_ptx() -> str:
+    """PTX: words $8, $9 -> $0..$7 = fp16x2 (1024 + code j of each word)."""
+    lines = ["{", ".reg .b32 g, t;"]
+    for gather, lo in (("0x5410", 0), ("0x7632", 4)):
+        # g: lane 0 = codes lo..lo+3 of word a, lane 1 = the same codes of word b
+        lines.append(f"prmt.b32 g, $8, $9, {gather};")
+        for j in range(4):
+            src = "g"
+            if j:
+                lines.append(f"shr.b32 t, g, {4 * j};")
+                src = "t"
+            lines.append(f"lop3.b32 ${lo + j}, {src}, 0x000F000F, 0x64006400, 0xEA;")
+    return "\n".join([*lines, "}"])
+
+
+def _x_bf16_ptx() -> str:
+    """PTX: bf16x2 $1 -> fp16x2 $0 of x * 2^-6 (exact scaling in fp32, one rounding)."""
+    return "\n".join([
+        "{", ".reg .b32 lo, hi;",
+        "shl.b32 lo, $1, 16;",
+        "and.b32 hi, $1, 0xFFFF0000;",
+        f"mul.f32 lo, lo, 0f{(127 - X_BF16_EXP) << 23:08X};",
+        f"mul.f32 hi, hi, 0f{(127 - X_BF16_EXP) << 23:08X};",
+        "cvt.rn.f16x2.f32 $0, hi, lo;", "}"])
+
+
+NV_PAIR_PTX = _nv_pair_ptx()
+INT_PAIR_PTX = _int_pair_ptx()
+X_BF16_PTX = _x_bf16_ptx()
+
+
+if triton is not None:
+    _NV_PTX = tl.constexpr(NV_PAIR_PTX)
+    _INT_PTX = tl.constexpr(INT_PAIR_PTX)
+    _X_PTX = tl.constexpr(X_BF16_PTX)
+    _OUTS = tl.constexpr("=r,=r,=r,=r,=r,=r,=r,=r")
+    _X_SCALE = tl.constexpr(2.0**-X_BF16_EXP)
+
+    @triton.jit
+    def _f16_bits(bits):
+        """int32 tensor whose low 16 bits are an fp16 pattern -> that fp16."""
+        return bits.to(tl.int16).to(tl.float16, bitcast=True)
+
+    @triton.jit
+    def _nv_code(c, J: tl.constexpr):
+        """fp16 e2m1 * 2^-14 of code J of every int32 word (sign to bit 15, magnitude 9-11)."""
+        return _f16_bits((((c >> (4 * J + 3)) & 1) << 15) | (((c >> (4 * J)) & 7) << 9))
+
+    @triton.jit
+    def _int_code(c, J: tl.constexpr):
+        """fp16 1024 + code J of every int32 word."""
+        return _f16_bits(((c >> (4 * J)) & 15) | 0x6400)
+
+    @triton.jit
+    def nv_operands(words, sbytes, ASM: tl.constexpr):
+        """Eight fp16 [BN, BKW] tensors: code j of every uint32 word times its fp8 block scale
+        (sbytes: uint8 e4m3 bytes, one per word), = e2m1 * s * 2^-14 exactly."""
+        if ASM:
+            return tl.inline_asm_elementwise(_NV_PTX, _OUTS + ",r,r,r", [words, sbytes],
+                                             dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+        s = sbytes.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        c = words.to(tl.int32, bitcast=True)
+        return (_nv_code(c, 0) * s, _nv_code(c, 1) * s, _nv_code(c, 2) * s, _nv_code(c, 3) * s,
+                _nv_code(c, 4) * s, _nv_code(c, 5) * s, _nv_code(c, 6) * s, _nv_code(c, 7) * s)
+
+    @triton.jit
+    def int_operands(words, ASM: tl.constexpr):
+        """Eight fp16 [BN, BKW] tensors: 1024 + code j of every uint32 word."""
+        if ASM:
+            return tl.inline_asm_elementwise(_INT_PTX, _OUTS + ",r,r", [words],
+                                             dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+        c = words.to(tl.int32, bitcast=True)
+        return (_int_code(c, 0), _int_code(c, 1), _int_code(c, 2), _int_code(c, 3),
+                _int_code(c, 4), _int_code(c, 5), _int_code(c, 6), _int_code(c, 7))
+
+    @triton.jit
+    def x_operand(x, ASM: tl.constexpr):
+        """Activations as the dot's fp16 operand: fp16 as is, bf16 as fp16(x * 2^-6)."""
+        if x.dtype == tl.float16:
+            return x
+        if ASM:
+            return tl.inline_asm_elementwise(_X_PTX, "=r,r", [x], dtype=tl.float16,
+                                             is_pure=True, pack=2)
+        return (x.to(tl.float32) * _X_SCALE).to(tl.float16)

@@ -1,0 +1,155 @@
+"""SASS instructions per weight of the quantized-linear kernels' inner loops, without a GPU.
+
+Compiles each kernel variant of `ninfer_runtime.ops.quant_linear` for sm_90 (Triton's own
+ptxas), disassembles it with the cuobjdump that ships with Triton, finds the K loop (the
+backward branch with the largest body) and prints its instruction count per weight and per
+thread, its top opcodes, the registers and the local-memory (spill) use of every config.
+
+    .venv/bin/python scripts/sass_report.py              # every decode config, bf16 and fp16
+    .venv/bin/python scripts/sass_report.py --asm off    # the pure-Triton decode, for contrast
+    .venv/bin/python scripts/sass_report.py --gemm       # the prefill GEMM too
+
+The budget an H200 gives an nvfp4 GEMV at 4.24 TB/s is ~4.4 instructions per weight at full
+issue rate (132 SMs x 4 schedulers x 1.98 GHz x 32 lanes / 7.5e12 weights/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("unset TRITON_INTERPRET: the report compiles for the GPU")
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from ninfer_runtime.ops import quant_linear as ql  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+ARGS = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "g_ptr", "out_ptr", "M", "N", "K", "stride_x",
+        "stride_w", "stride_s")
+# (scale, zero, global scale) pointer types per scheme, as the launcher passes them
+PARTS = {"nvfp4": ("*fp8e4nv", "*fp8e4nv", "*fp32"), "groupwise-int": ("*bf16", "*u8", "*bf16")}
+SCHEME_IDS = {"nvfp4": (ql._NVFP4_ID, 2), "groupwise-int": (ql._INT_ID, 16)}
+
+
+@dataclass(frozen=True)
+class Loop:
+    instructions: int
+    opcodes: collections.Counter
+
+
+def sass(cubin: bytes, tmp: Path) -> tuple[str, str]:
+    path = tmp / "k.cubin"
+    path.write_bytes(cubin)
+    dump = subprocess.run([BIN / "cuobjdump", "-sass", path], capture_output=True, text=True,
+                          check=True).stdout
+    usage = subprocess.run([BIN / "cuobjdump", "-res-usage", path], capture_output=True,
+                           text=True, check=True).stdout
+    return dump, usage.strip().splitlines()[-1]
+
+
+def main_loop(dump: str) -> Loop:
+    """The backward branch with the largest body: the kernel's K loop."""
+    code = [(int(a, 16), t.strip()) for a, t in
+            re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", dump)]
+    index = {a: i for i, (a, _) in enumerate(code)}
+    best: list[str] = []
+    for i, (addr, text) in enumerate(code):
+        target = re.search(r"\bBRA (0x[0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            body = [t for _, t in code[index[int(target.group(1), 16)]:i + 1]]
+            best = max(best, body, key=len)
+    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
+                              for t in best)
+    return Loop(len(best), ops)
+
+
+def compile_variant(fn, signature: dict[str, str], constexprs: dict, warps: int, stages: int):
+    for name in constexprs:
+        signature[name] = "constexpr"
+    # what Triton's launcher specializes for real shapes: 16-byte aligned pointers, strides,
+    # sizes and split lengths divisible by 16
+    divisible = [i for i, (name, ty) in enumerate(signature.items()) if ty != "constexpr"
+                 and (ty.startswith("*") or name.startswith("stride")
+                      or name in ("N", "K", "split_len", "m_bucket"))]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in divisible}
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=TARGET, options={"num_warps": warps, "num_stages": stages})
+
+
+def report(label: str, kernel, weights_per_thread: int, tmp: Path) -> None:
+    dump, usage = sass(kernel.asm["cubin"], tmp)
+    loop = main_loop(dump)
+    regs = re.search(r"REG:(\d+)", usage).group(1)
+    stack = re.search(r"STACK:(\d+)", usage).group(1)
+    spills = loop.opcodes["LDL"] + loop.opcodes["STL"]
+    top = ", ".join(f"{op} {n}" for op, n in loop.opcodes.most_common(8))
+    print(f"{label:<58} {loop.instructions / weights_per_thread:6.2f} {loop.instructions:6d} "
+          f"{weights_per_thread:5d} {regs:>4} {stack:>5} {spills:>6}  {top}")
+
+
+def decode_variants(asm: bool, tmp: Path) -> None:
+    for scheme, tuner in (("nvfp4", ql._decode_nv), ("groupwise-int", ql._decode_int)):
+        sid, wps = SCHEME_IDS[scheme]
+        for x_type in ("bf16", "fp16"):
+            for bm in (ql._DECODE_BM,):
+                for cfg in tuner.configs:
+                    bn, bk = cfg.kwargs["BN"], cfg.kwargs["BK"]
+                    sig = dict(zip(ARGS, (f"*{x_type}", "*i32", *PARTS[scheme], "*fp32",
+                                          "i32", "i32", "i32", "i32", "i32", "i32"), strict=True))
+                    sig["split_len"] = "i32"
+                    cst = {"SCHEME": sid, "WPS": wps, "BM": bm, "DIRECT": False, "ASM": asm,
+                           "PRECISION": "tf32", "EVEN_K": True, "BN": bn, "BK": bk}
+                    k = compile_variant(ql._decode_kernel, sig, cst, cfg.num_warps,
+                                        cfg.num_stages)
+                    label = (f"decode {scheme} x={x_type} BM={bm} BN={bn} BK={bk} "
+                             f"w={cfg.num_warps} s={cfg.num_stages}")
+                    report(label, k, bn * bk // (32 * cfg.num_warps), tmp)
+
+
+def gemm_variants(tmp: Path) -> None:
+    for scheme in ("nvfp4", "groupwise-int"):
+        sid, wps = SCHEME_IDS[scheme]
+        for cfg in ql._gemm.configs:
+            kw = cfg.kwargs
+            sig = dict(zip(ARGS, ("*bf16", "*i32", *PARTS[scheme], "*bf16", "i32", "i32", "i32",
+                                  "i32", "i32", "i32"), strict=True))
+            sig["m_bucket"] = "i32"
+            cst = {"SCHEME": sid, "WPS": wps, "PRECISION": "tf32", "EVEN_K": True,
+                   "BM": kw["BM"], "BN": kw["BN"], "BK": kw["BK"], "GROUP_M": kw["GROUP_M"]}
+            k = compile_variant(ql._gemm_kernel, sig, cst, cfg.num_warps, cfg.num_stages)
+            # the dequantize cost per weight is shared by BM rows of MMA work
+            label = (f"gemm {scheme} BM={kw['BM']} BN={kw['BN']} BK={kw['BK']} "
+                     f"w={cfg.num_warps} s={cfg.num_stages}")
+            report(label, k, kw["BN"] * kw["BK"] // (32 * cfg.num_warps), tmp)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--asm", choices=("on", "off"), default="on",
+                        help="decode with the inline PTX (GPU default) or the pure-Triton twin")
+    parser.add_argument("--gemm", action="store_true", help="also the prefill GEMM")
+    args = parser.parse_args()
+    print(f"triton {triton.__version__}, target sm_90; per weight = loop instructions / "
+          "weights per thread per iteration")
+    print(f"{'variant':<58} {'/wt':>6} {'loop':>6} {'wt/th':>5} {'reg':>4} {'stack':>5} "
+          f"{'LDL+STL':>6}  top opcodes")
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "ninfer_sass_report"
+    tmp.mkdir(parents=True, exist_ok=True)
+    decode_variants(args.asm == "on", tmp)
+    if args.gemm:
+        gemm_variants(tmp)
+
+
+if __name__ == "__main__":
+    main()
