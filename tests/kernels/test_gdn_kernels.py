@@ -3,7 +3,9 @@
 On CPU the kernels run in Triton's interpreter with exact fp32 dots, so fp32 results agree to
 rounding; on CUDA the chunked kernel's dots are tf32 and get a looser bound. Shapes are tiny
 but keep the real structure: grouped value heads (3 per k-head, as in the 27B), dk != dv,
-segments of 1 token, shorter than the conv window, and across chunk boundaries.
+segments of 1 token, shorter than the conv window, and across chunk boundaries. dv 32 splits
+into two decode column tiles under the interpreter, so each k-head's q/k conv window is shared
+by 3 heads x 2 tiles = 6 decode programs.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ninfer_runtime.ops.conv import (
     causal_conv1d_varlen_ref,
 )
 from ninfer_runtime.ops.gdn import (
+    _ticket_pool,
     chunk_gated_delta_rule,
     gated_delta_rule_varlen,
     gated_delta_rule_varlen_ref,
@@ -28,7 +31,7 @@ from ninfer_runtime.ops.gdn import (
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16
-NK, NV, DK, DV, K, SLOTS = 2, 6, 32, 16, 4, 9
+NK, NV, DK, DV, K, SLOTS = 2, 6, 16, 32, 4, 9
 CONV_DIM = 2 * NK * DK + NV * DV
 
 
@@ -95,6 +98,8 @@ def test_decode_matches_reference(dtype: torch.dtype) -> None:
     untouched = [s for s in range(SLOTS) if s not in (4, 0, 7, 2)]
     assert torch.equal(states[untouched], x["states"][untouched])
     assert torch.equal(conv[untouched], x["conv_states"][untouched])
+    # the q/k conv-window tickets are handed back: the next launch starts from zero
+    assert not _ticket_pool(x["mixed_qkv"].device).any()
 
 
 def test_decode_snapshots_hold_the_state_after_each_token() -> None:

@@ -1,14 +1,19 @@
 """The MoE kernels against their torch references (Triton's interpreter on CPU): routing,
-the align step that sorts (token, slot) pairs into per-expert blocks, and the grouped gate|up
-+ SiLU + down GEMMs over bf16/fp16/fp32, nvfp4 and groupwise-int stacked experts."""
+the align step that sorts (token, slot) pairs into per-expert blocks, and both expert paths
+(the decode GEMVs over the routed pairs; the grouped gate|up + SiLU + down GEMMs over the
+aligned blocks) over bf16/fp16/fp32, nvfp4 and groupwise-int stacked experts."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from ninfer_runtime.ops import moe
 from ninfer_runtime.ops.moe import (
+    DECODE_MAX_TOKENS,
     _launch_align,
+    _launch_moe_decode,
+    _launch_moe_experts,
     align_ref,
     moe_experts,
     moe_experts_ref,
@@ -112,23 +117,56 @@ def as_fp32(w: torch.Tensor | PackedWeight) -> torch.Tensor | PackedWeight:
 
 
 # (scheme, tokens, hidden, inter): odd sizes for plain weights; packed K must be a multiple of
-# 16 (nvfp4: 48 is not one of the kernel's K tiles) or 128 (groupwise-int)
-MOE_CASES = [("plain", 1, 40, 24), ("plain", 33, 40, 24), ("nvfp4", 1, 64, 48),
-             ("nvfp4", 7, 64, 48), ("int4", 5, 128, 128)]
+# 16 (nvfp4: 48 is not one of the kernels' K tiles) or 128 (groupwise-int); hidden 256 streams
+# gate|up in two K tiles of the decode kernel (one tile of 128 under the interpreter)
+MOE_CASES = [("plain", 1, 40, 24), ("plain", 3, 256, 64), ("plain", 33, 40, 24),
+             ("nvfp4", 1, 64, 48), ("nvfp4", 3, 256, 48), ("int4", 2, 256, 128)]
+PATHS = {"decode": _launch_moe_decode, "grouped": _launch_moe_experts}
+# the decode GEMVs at the sizes moe_experts gives them; the grouped GEMMs at every size
+PATH_CASES = [(path, case) for case in MOE_CASES for path in PATHS
+              if path == "grouped" or case[1] <= DECODE_MAX_TOKENS]
 
 
-@pytest.mark.parametrize("dtype", [HALF, torch.float32])
-@pytest.mark.parametrize("case", MOE_CASES)
-def test_moe_experts(case: tuple[str, int, int, int], dtype: torch.dtype) -> None:
-    scheme, tokens, hidden, inter = case
-    experts, top_k = 8, 2
+def experts_case(scheme: str, tokens: int, hidden: int, inter: int, dtype: torch.dtype,
+                 top_k: int = 2) -> tuple:
+    """(x, gate_up, down, weights, ids) on 8 experts."""
+    experts = 8
     gate_up = stacked(scheme, experts, 2 * inter, hidden, seed=1, dtype=dtype)
     down = stacked(scheme, experts, hidden, inter, seed=2, dtype=dtype)
     x = torch.randn(tokens, hidden, generator=gen(3)).to(DEVICE, dtype)
     weights, ids = route_ref(torch.randn(tokens, experts, generator=gen(4)).to(DEVICE), top_k)
-    out = moe_experts(x, gate_up, down, weights, ids)
+    return x, gate_up, down, weights, ids
+
+
+@pytest.mark.parametrize("dtype", [HALF, torch.float32])
+@pytest.mark.parametrize("path,case", PATH_CASES)
+def test_moe_experts(path: str, case: tuple[str, int, int, int], dtype: torch.dtype) -> None:
+    x, gate_up, down, weights, ids = experts_case(*case, dtype)
+    out = PATHS[path](x, gate_up, down, weights, ids)
     expected = moe_experts_ref(x.float(), as_fp32(gate_up), as_fp32(down), weights, ids)
-    assert out.dtype == dtype and out.shape == (tokens, hidden)
+    assert out.dtype == dtype and out.shape == x.shape
     scale = expected.abs().max().item()
     tol = 1e-5 if dtype == torch.float32 else (2e-2 if dtype == torch.bfloat16 else 4e-3)
     torch.testing.assert_close(out.float(), expected, rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.parametrize("scheme", ["plain", "int4"])
+def test_decode_with_top_k_not_a_power_of_two(scheme: str) -> None:
+    """The down GEMV loads a power-of-two number of expert slots; the spare ones are masked."""
+    x, gate_up, down, weights, ids = experts_case(scheme, 3, 128, 128, torch.float32, top_k=3)
+    out = _launch_moe_decode(x, gate_up, down, weights, ids)
+    expected = moe_experts_ref(x, gate_up, down, weights, ids)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5 * expected.abs().max())
+
+
+def test_decode_sizes_take_the_gemv_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to DECODE_MAX_TOKENS tokens moe_experts runs the GEMVs (no align, no grouped GEMM)."""
+    def grouped(*args: object) -> None:
+        raise AssertionError("the grouped path ran at a decode size")
+
+    monkeypatch.setattr(moe, "_launch_moe_experts", grouped)
+    x, gate_up, down, weights, ids = experts_case("nvfp4", DECODE_MAX_TOKENS, 32, 16,
+                                                  torch.float32)
+    out = moe_experts(x, gate_up, down, weights, ids)
+    expected = moe_experts_ref(x, gate_up, down, weights, ids)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5 * expected.abs().max())

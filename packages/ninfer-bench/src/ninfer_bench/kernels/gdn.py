@@ -4,11 +4,17 @@
   verify (4 tokens, a snapshot per token): memory-bound, dominated by reading and writing the
   fp32 recurrent state (27B: 48 x 128 x 128 x 4 B = 3 MiB a sequence, each way). Real decode
   touches a different layer's state every launch, so the state pools rotate over more memory
-  than L2 holds. Each row also times the unfused kernels (conv varlen, gating, chunked rule).
+  than L2 holds. Each row also times the unfused kernels (conv varlen, gating, chunked rule);
+  at batch 1 and 8 extra rows force each column tile (BV 16 / 32) of the decode kernel, to
+  check the launcher's choice (`ops.gdn._decode_tile`).
 * `causal_conv1d_varlen` over prompt chunks: memory-bound.
 * `gated_delta_rule_varlen` (chunked) over one prompt: reported against the bf16 tensor-core
   rate with the FLOPs of the algorithm as implemented, counted once per head (dv-block
   programs repeat the [C, C] work; that repetition is not counted).
+
+Every time is per call from CUDA-graph replays of many calls (as the engine replays its decode
+steps): a decode launch is shorter than the Python that issues it, so plain event timing would
+measure the host, not the kernel.
 """
 
 from __future__ import annotations
@@ -20,22 +26,33 @@ import torch
 
 from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.ops.conv import causal_conv1d_varlen
-from ninfer_runtime.ops.gdn import CHUNK_SIZE, gated_delta_rule_varlen, gdn_decode, gdn_gating
+from ninfer_runtime.ops.gdn import (
+    CHUNK_SIZE,
+    _launch_decode,
+    gated_delta_rule_varlen,
+    gdn_decode,
+    gdn_gating,
+)
 from ninfer_runtime.profiles import get_profile
 
 BANDWIDTH = 4.24e12  # B/s, measured copy bandwidth of one H200
 BF16_FLOPS = 789e12  # FLOP/s, measured bf16 tensor-core rate of one H200
 MODELS = {"27B": "qwen3_6_27b", "35B-A3B": "qwen3_6_35b_a3b"}
 DECODE_BATCHES = (1, 4, 8)
+TILE_BATCHES = (1, 8)  # batches whose rows also force each decode column tile
+DECODE_TILES = (16, 32)
 VERIFY_TOKENS = 4  # MTP3: the last accepted token and 3 drafts
 PREFILL_TOKENS = (1024, 8192)
 ROTATE_BYTES = 256 << 20  # state pools rotated per call: several times the 50 MB L2
 
 
 def _time_us(fn: Callable[[], object]) -> float:
-    from triton.testing import do_bench
+    """Median microseconds per call of fn, replayed in a CUDA graph (first call: compile)."""
+    from triton.testing import do_bench_cudagraph
 
-    return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+    fn()
+    torch.cuda.synchronize()
+    return do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
 
 
 def _segments(lengths: list[int], device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,9 +84,14 @@ def _decode_rows(label: str, cfg: ModelConfig, device: str) -> list[dict]:
         mixed, b, a = proj.split([cdim, nv, nv], dim=-1)
         turn = itertools.cycle(pools)
 
-        def fused(mixed=mixed, a=a, b=b, cu=cu, slots=slots, snap=snap, turn=turn) -> None:
+        def fused(mixed=mixed, a=a, b=b, cu=cu, slots=slots, snap=snap, turn=turn,
+                  block_v=None) -> None:
             conv, states = next(turn)
-            gdn_decode(mixed, a, b, weight, a_log, dt_bias, conv, states, cu, slots, snap)
+            if block_v is None:
+                gdn_decode(mixed, a, b, weight, a_log, dt_bias, conv, states, cu, slots, snap)
+            else:
+                _launch_decode(mixed, a, b, weight, a_log, dt_bias, conv, states, cu, slots,
+                               snap, block_v=block_v)
 
         def unfused(mixed=mixed, a=a, b=b, cu=cu, slots=slots, turn=turn, n=n) -> None:
             conv, states = next(turn)
@@ -82,14 +104,22 @@ def _decode_rows(label: str, cfg: ModelConfig, device: str) -> list[dict]:
         state_rw = nv * dk * dv * 4 * (seqs + n)  # read own slot once, write once per token
         conv_rw = cdim * (kernel - 1) * 2 * (seqs + n)
         moved = state_rw + conv_rw + n * (cdim + 2 * nv + nv * dv) * 2 + weight.numel() * 2
-        us = _time_us(fused)
-        row = {"op": name, "shape": f"{label} nk={nk} nv={nv} dk={dk} dv={dv}", "time_us": us,
-               "bytes": moved, "ratio_to_ceiling": moved / BANDWIDTH / (us * 1e-6),
-               "ceiling": f"{BANDWIDTH:.3g} B/s"}
+        shape = f"{label} nk={nk} nv={nv} dk={dk} dv={dv}"
+        row = _decode_row(name, shape, _time_us(fused), moved)
         if not snapshots:
             row["unfused_time_us"] = _time_us(unfused)
         rows.append(row)
+        if not snapshots and seqs in TILE_BATCHES:
+            rows += [_decode_row(f"{name} BV={bv}", shape,
+                                 _time_us(lambda bv=bv, fused=fused: fused(block_v=bv)), moved)
+                     for bv in DECODE_TILES]
     return rows
+
+
+def _decode_row(op: str, shape: str, us: float, moved: int) -> dict:
+    return {"op": op, "shape": shape, "time_us": us, "bytes": moved,
+            "ratio_to_ceiling": moved / BANDWIDTH / (us * 1e-6),
+            "ceiling": f"{BANDWIDTH:.3g} B/s"}
 
 
 def _chunk_flops(tokens: int, nv: int, dk: int, dv: int, c: int = CHUNK_SIZE) -> int:

@@ -1,16 +1,22 @@
 """The routed experts of one 35B-A3B MoE layer (H 2048, 256 experts, top-8, I 512).
 
-`moe_experts` is timed whole (align, gate|up + SiLU GEMM, down GEMM, the sum over slots) with
-bf16, nvfp4 and groupwise-int experts, plus `route`. Decode (1 and 8 tokens) is memory-bound:
-its ratio is the bytes of the experts the step routes to (each read once) over the copy
-bandwidth. A 4096-token prefill is compute-bound: its ratio is 2 * T * k * 3 * H * I FLOPs
-over the bf16 tensor-core rate. Routing is random (uniform), weights are random bytes in the
-stored layouts, and do_bench flushes L2 between runs, so every run reads its experts from HBM.
-Each row also times the torch reference (one dequantized matmul per used expert).
+`moe_experts` is timed whole with bf16, nvfp4 and groupwise-int experts, plus `route`. Decode
+(1, 8 and 16 tokens: the GEMV path, gate|up + SiLU then down summed per token) is memory-bound:
+its ratio is the bytes of the experts the step routes to (each counted once) over the copy
+bandwidth. A 4096-token prefill (align, grouped GEMMs, sum over slots) is compute-bound: its
+ratio is 2 * T * k * 3 * H * I FLOPs over the bf16 tensor-core rate. Weights are random bytes
+in the stored layouts; routing is random (uniform) and changes from call to call (a rotation of
+ROUTINGS draws), so consecutive calls read different experts, as consecutive layers do.
+
+Decode and route times are per call from CUDA-graph replays of many calls (as the engine
+replays its decode step): a decode call is shorter than its Python launch overhead, which plain
+event timing would measure instead (prefill is timed eagerly). Each row also times the torch
+reference (one dequantized matmul per used expert; it syncs with the host: timed eagerly).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -22,9 +28,10 @@ from ninfer_runtime.quant import PackedWeight, get_scheme
 HBM_BYTES_PER_S = 4.24e12
 BF16_FLOPS_PER_S = 789e12
 PROFILE = "qwen3_6_35b_a3b"
-DECODE_TOKENS = (1, 8)
+DECODE_TOKENS = (1, 8, 16)
 PREFILL_TOKENS = (4096,)
 SCHEMES = ("bf16", "nvfp4", "groupwise-int")
+ROUTINGS = 16  # routing draws rotated through by consecutive timed calls
 
 
 def _experts(scheme: str, e: int, n: int, k: int, device: str) -> torch.Tensor | PackedWeight:
@@ -52,9 +59,18 @@ def _bytes_per_expert(w: torch.Tensor | PackedWeight) -> int:
 
 
 def _time_us(fn: Callable[[], object]) -> float:
+    """Median microseconds per call of fn, replayed in a CUDA graph (first call: autotune)."""
     import triton
 
-    fn()  # compile and autotune outside the timing
+    fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
+
+
+def _eager_time_us(fn: Callable[[], object]) -> float:
+    import triton
+
+    fn()
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
 
 
@@ -69,7 +85,7 @@ def _row(op: str, shape: str, us: float, ref_us: float, work: int, flops: bool) 
 def _route_row(t: int, e: int, k: int, device: str) -> dict:
     logits = torch.randn(t, e, device=device, dtype=torch.bfloat16)
     return _row("route", f"35B-A3B T={t} E={e} k={k}", _time_us(lambda: route(logits, k)),
-                _time_us(lambda: route_ref(logits, k)), t * e * 2 + t * k * 16, False)
+                _eager_time_us(lambda: route_ref(logits, k)), t * e * 2 + t * k * 16, False)
 
 
 def _experts_row(scheme: str, gate_up: torch.Tensor | PackedWeight,
@@ -77,15 +93,23 @@ def _experts_row(scheme: str, gate_up: torch.Tensor | PackedWeight,
     e, two_inter, h = gate_up.shape
     inter = two_inter // 2
     x = torch.randn(t, h, device=device, dtype=torch.bfloat16)
-    weights, ids = route_ref(torch.randn(t, e, device=device), k)
-    us = _time_us(lambda: moe_experts(x, gate_up, down, weights, ids))
-    ref_us = _time_us(lambda: moe_experts_ref(x, gate_up, down, weights, ids))
+    routings = [route_ref(torch.randn(t, e, device=device), k) for _ in range(ROUTINGS)]
+    turn = itertools.cycle(routings)
+
+    def call() -> None:
+        weights, ids = next(turn)
+        moe_experts(x, gate_up, down, weights, ids)
+
+    # a prefill call runs for milliseconds: eager timing is exact enough there
+    us = _eager_time_us(call) if t in PREFILL_TOKENS else _time_us(call)
+    ref_us = _eager_time_us(lambda: moe_experts_ref(x, gate_up, down, *routings[0]))
     shape = f"35B-A3B {scheme} T={t} H={h} I={inter} E={e} k={k}"
     if t in PREFILL_TOKENS:
         return _row("moe_experts prefill", shape, us, ref_us, 2 * t * k * 3 * h * inter, True)
-    active = ids.unique().numel()
-    moved = active * (_bytes_per_expert(gate_up) + _bytes_per_expert(down)) + 2 * t * h * 2
-    return _row("moe_experts decode", f"{shape} ({active} experts)", us, ref_us, moved, False)
+    active = sum(ids.unique().numel() for _, ids in routings) / ROUTINGS
+    moved = round(active * (_bytes_per_expert(gate_up) + _bytes_per_expert(down))) + 2 * t * h * 2
+    return _row("moe_experts decode", f"{shape} ({active:.1f} experts)", us, ref_us, moved,
+                False)
 
 
 def bench(device: str = "cuda") -> list[dict]:

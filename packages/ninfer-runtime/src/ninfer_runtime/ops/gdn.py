@@ -11,24 +11,32 @@ the Qwen3.5 kernels do ("use_qk_l2norm_in_kernel"). Grouped value attention: val
 reads q/k head h // (nv // nk). The chunked form is the prompt path, the recurrent form the
 decode path; they compute the same function (tests/test_gdn.py).
 
-Two Triton kernels serve the layer on the GPU (the references stay the oracle and the CPU path):
+Two ops run Triton kernels on the GPU (the references stay the oracle and the CPU path):
 
 * `gdn_decode`: the whole mixer from the in_proj outputs to o for sequences of a few tokens,
   recurrently, in one launch: conv shift + depthwise conv + SiLU, q/k l2norm, gating, the state
-  update in place in the slot and o = S^T q. One program per (sequence, k-head) owns that
-  k-head's q/k channels, its value heads' v channels and their recurrent states outright, so
-  reading the slot's conv window and then overwriting it needs no ordering between programs
-  (a program split further would race on the shared q/k conv window). Optionally the state
-  after every token goes to its own slot (speculative verification).
-* `gated_delta_rule_varlen`: the chunked (WY/UT) form, one program per (sequence, value head,
-  dv block) carrying its [dk, BV] state tile across the sequence's chunks; within a chunk the
-  unit lower-triangular system is inverted blockwise (16x16 diagonal blocks by substitution,
-  then a Neumann product for the off-diagonal blocks), everything else is tensor-core dots.
+  update in place in the slot and o = S^T q. It streams the fp32 state (27B: 3 MiB per
+  sequence and layer, each way), so it is spread as wide as the state splits: one program
+  per (value head, tile of BV state columns, sequence), each column of the state being
+  independent. A program keeps its tile in registers across the segment's tokens and
+  recomputes its k-head's q and k (cheap); the conv window of those shared q/k channels is
+  rewritten by whichever of the k-head's programs finishes last (an atomic ticket), so no
+  program overwrites it while another still reads it. Optionally the state after every token
+  goes to its own slot (speculative verification).
+* `gated_delta_rule_varlen`: the chunked (WY/UT) form in two launches. First, in parallel
+  over every (chunk, value head), what does not depend on the state: the chunk's unit
+  lower-triangular system inverted blockwise (16x16 diagonal blocks by substitution, then a
+  Neumann product for the off-diagonal blocks) and applied, w = inv (beta exp(G) K) and
+  u = inv (beta V), plus the normalised q and k, into an fp32 workspace. Then one program
+  per (sequence, value head, dv block) carries its [dk, BV] state tile across the sequence's
+  chunks with tensor-core dots only (delta = u - w S, the output, the state update), so no
+  chunk's inverse sits on that sequential path (nor is repeated per dv block).
 """
 
 from __future__ import annotations
 
 import os
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -264,11 +272,13 @@ def _check_state_pool(states: torch.Tensor) -> tuple[int, int, int]:
 def _launch_decode(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                    conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                    conv_states: torch.Tensor, states: torch.Tensor, cu_seqlens: torch.Tensor,
-                   slots: torch.Tensor, snapshot_slots: torch.Tensor | None) -> torch.Tensor:
+                   slots: torch.Tensor, snapshot_slots: torch.Tensor | None,
+                   block_v: int | None = None) -> torch.Tensor:
+    """block_v overrides the column tile (the benchmark compares them); None: `_decode_tile`."""
     check_conv_args(mixed_qkv, conv_weight, conv_states, cu_seqlens, slots)
     nv, dk, dv = _check_state_pool(states)
     nk = _num_key_heads(mixed_qkv.shape[1], states)
-    n = mixed_qkv.shape[0]
+    n, seqs = mixed_qkv.shape[0], slots.shape[0]
     assert a.shape == b.shape == (n, nv) and a.stride(1) == b.stride(1) == 1, \
         f"a, b must be [{n}, {nv}] with contiguous heads"
     assert A_log.shape == dt_bias.shape == (nv,) and A_log.is_contiguous() \
@@ -276,16 +286,53 @@ def _launch_decode(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     if snapshot_slots is not None:
         assert snapshot_slots.shape == (n,) and snapshot_slots.dtype == torch.int64 \
             and snapshot_slots.is_contiguous(), "snapshot_slots is int64 [N]"
+    assert seqs * nk <= _MAX_TICKETS, f"gdn_decode takes at most {_MAX_TICKETS // nk} sequences"
     out = torch.empty(n, nv, dv, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+    bv = min(block_v or _decode_tile(seqs, nv, dv, mixed_qkv.device), dv)
     kernel = conv_weight.shape[1]
-    _gdn_decode_kernel[(slots.shape[0], nk)](
+    _gdn_decode_kernel[(nv * (dv // bv), seqs)](
         mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states, states, out, cu_seqlens,
         slots, slots if snapshot_slots is None else snapshot_slots,
-        mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0),
-        *conv_states.stride(), states.stride(0), states.stride(1), out.stride(0),
-        out.stride(1), nk * dk, dk**-0.5, GROUP=nv // nk, DK=dk, DV=dv, K=kernel,
-        KP=triton.next_power_of_2(kernel), HAS_SNAPSHOTS=snapshot_slots is not None)
+        _ticket_pool(mixed_qkv.device), mixed_qkv.stride(0), a.stride(0), b.stride(0),
+        conv_weight.stride(0), *conv_states.stride(), states.stride(0), states.stride(1),
+        out.stride(0), out.stride(1), nk * dk, dk**-0.5, GROUP=nv // nk, DK=dk, DV=dv, BV=bv,
+        K=kernel, KP=triton.next_power_of_2(kernel), HAS_SNAPSHOTS=snapshot_slots is not None,
+        num_warps=max(1, min(_DECODE_WARPS, dk * bv // 512)))
     return out
+
+
+# gdn_decode's tiles: a program owns BV columns of one value head's [dk, dv] state and
+# streams them once: 8 KiB (BV 16) or 16 KiB (BV 32) each way at dk 128, with 4 warps. Narrow
+# tiles when wide ones would leave SMs with fewer than two programs (27B batch 1: 48 heads x 8
+# = 384 programs, not 192). NOTE (sm_90 SASS, dk 128, 4 warps): 160 registers a thread at BV
+# 16 (124 with snapshots), 206 at BV 32 (236), no spills; most hold the q/k conv each program
+# recomputes, so 3 (BV 16) or 2 (BV 32) programs fit an SM: 24-32 KiB of state loads in flight
+# per SM.
+_DECODE_WARPS = 4
+_DECODE_MIN_PROGRAMS_PER_SM = 2
+# Sequence x k-head counters of the decode kernel's ticket (see the kernel). Every launch
+# leaves them zero, so one zeroed pool per device serves every launch and CUDA graph.
+# NOTE: launches that could run concurrently (two streams) must not share it.
+_MAX_TICKETS = 1 << 16
+
+
+@cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _decode_tile(seqs: int, nv: int, dv: int, device: torch.device) -> int:
+    """BV for `seqs` sequences: 32 when that still gives every SM two programs, else 16. The
+    interpreter takes 16 (so that the tests' dv 32 splits into two column tiles)."""
+    if device.type != "cuda":
+        return 16
+    wide = seqs * nv * max(1, dv // 32)
+    return 32 if wide >= _DECODE_MIN_PROGRAMS_PER_SM * _sm_count(device) else 16
+
+
+@cache
+def _ticket_pool(device: torch.device) -> torch.Tensor:
+    return torch.zeros(_MAX_TICKETS, dtype=torch.int32, device=device)
 
 
 def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -300,33 +347,47 @@ def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     assert g.shape == beta.shape == (n, nv) and g.stride(1) == beta.stride(1) == 1
     assert cu_seqlens.dtype == slots.dtype == torch.int64
     assert cu_seqlens.is_contiguous() and slots.is_contiguous()
+    seqs = slots.shape[0]
     out = torch.empty(n, nv, dv, dtype=v.dtype, device=v.device)
+    # Workspace, fp32: the chunks' state-independent terms (27B: 64 KiB a token), made for
+    # every chunk at once, then read by the sequential scan straight into its dots.
+    qn, kn = (torch.empty(n, nk, dk, dtype=torch.float32, device=v.device) for _ in range(2))
+    w = torch.empty(n, nv, dk, dtype=torch.float32, device=v.device)
+    u = torch.empty(n, nv, dv, dtype=torch.float32, device=v.device)
     nblocks = CHUNK_SIZE // _SUBCHUNK
+    chunk_bound = (n - seqs) // CHUNK_SIZE + seqs  # >= the chunks of any split of n into seqs
+    _gdn_chunk_prepare_kernel[(chunk_bound, nv)](
+        q, k, v, g, beta, qn, kn, w, u, cu_seqlens, seqs, q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+        dk**-0.5, GROUP=nv // nk, DK=dk, DV=dv, C=CHUNK_SIZE, SUB=_SUBCHUNK,
+        SQUARINGS=max(0, (nblocks - 1).bit_length() - 1), BV=min(dv, 64),
+        PRECISION=_DOT_PRECISION, num_warps=_PREPARE_WARPS)
 
     def grid(meta: dict) -> tuple[int, int, int]:
-        return slots.shape[0], nv, dv // meta["BV"]
+        return seqs, nv, dv // meta["BV"]
 
     _gdn_chunked_kernel[grid](
-        q, k, v, g, beta, out, states, cu_seqlens, slots, q.stride(0), q.stride(1),
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-        out.stride(0), out.stride(1), states.stride(0), states.stride(1), dk**-0.5,
-        GROUP=nv // nk, DK=dk, DV=dv, C=CHUNK_SIZE, SUB=_SUBCHUNK,
-        SQUARINGS=max(0, (nblocks - 1).bit_length() - 1), PRECISION=_DOT_PRECISION)
+        qn, kn, g, w, u, out, states, cu_seqlens, slots, g.stride(0), out.stride(0),
+        out.stride(1), states.stride(0), states.stride(1), GROUP=nv // nk, DK=dk, DV=dv,
+        C=CHUNK_SIZE, PRECISION=_DOT_PRECISION)
     return out
 
 
 # Diagonal blocks of the chunk's triangular system solved by substitution (see the kernel).
 _SUBCHUNK = 16
+# The prepare kernel holds a few [64, 128] fp32 tiles: 8 warps keep them in registers.
+_PREPARE_WARPS = 8
 # tf32 tensor-core dots on fp32 operands: finer than the bf16 operands fla-style kernels use.
 _DOT_PRECISION = "tf32"
 
 
-def _configs(options: list[tuple[int, int]]) -> list:
-    """Autotune candidates as (BV, num_warps); the interpreter gets one small tile (BV 16,
-    so that tests at small dv still split it), not a tuning run."""
+def _configs(options: list[tuple[int, int, int]]) -> list:
+    """Autotune candidates as (BV, num_warps, num_stages); the interpreter gets one small
+    tile (BV 16, so that tests at small dv still split it), not a tuning run."""
     if os.environ.get("TRITON_INTERPRET") == "1":
-        options = [(16, 4)]
-    return [triton.Config({"BV": bv}, num_warps=warps) for bv, warps in options]
+        options = [(16, 4, 1)]
+    return [triton.Config({"BV": bv}, num_warps=warps, num_stages=stages)
+            for bv, warps, stages in options]
 
 
 def _fit_dv(configs: list, named_args: dict, **kwargs: object) -> list:
@@ -341,7 +402,8 @@ def _fit_dv(configs: list, named_args: dict, **kwargs: object) -> list:
     fitted = {}
     for c in configs:
         bv = min(c.kwargs["BV"], dv)
-        fitted.setdefault((bv, c.num_warps), triton.Config({"BV": bv}, num_warps=c.num_warps))
+        fitted.setdefault((bv, c.num_warps, c.num_stages), triton.Config(
+            {"BV": bv}, num_warps=c.num_warps, num_stages=c.num_stages))
     return list(fitted.values())
 
 
@@ -369,66 +431,79 @@ if triton is not None:
     @triton.jit
     def _gdn_decode_kernel(
         x_ptr, a_ptr, b_ptr, w_ptr, alog_ptr, dtb_ptr, conv_ptr, states_ptr, o_ptr, cu_ptr,
-        slot_ptr, snap_ptr, stride_x, stride_a, stride_b, stride_w, stride_cs, stride_cc,
-        stride_ck, stride_ss, stride_sh, stride_ot, stride_oh, key_dim, scale,
+        slot_ptr, snap_ptr, ticket_ptr, stride_x, stride_a, stride_b, stride_w, stride_cs,
+        stride_cc, stride_ck, stride_ss, stride_sh, stride_ot, stride_oh, key_dim, scale,
         GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
         K: tl.constexpr, KP: tl.constexpr, HAS_SNAPSHOTS: tl.constexpr,
     ):
+        """Program (value head h, column tile, sequence): the [DK, BV] state columns of h.
+
+        The state tile is loaded first (the only large transfer), stays in registers across
+        the segment's tokens and is stored once (or once per token to its snapshot slot).
+        Each program recomputes its k-head's q and k (conv + l2norm, a few KiB from L2).
+        """
+        NVB: tl.constexpr = DV // BV
         tl.static_assert(DV % BV == 0, "the state tiles are unmasked: BV must divide DV")
-        seq, kh = tl.program_id(0), tl.program_id(1)
+        pid, seq = tl.program_id(0), tl.program_id(1)
+        h = pid // NVB
+        kh = h // GROUP
         lo, hi = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
+        if hi <= lo:  # a padding entry: its slot may be shared, nothing is read or written
+            return
         slot = tl.load(slot_ptr + seq)
-        conv_slot = conv_ptr + slot * stride_cs
         dk = tl.arange(0, DK)
+        dv = (pid % NVB) * BV + tl.arange(0, BV)
+        tile = h * stride_sh + dk[:, None] * DV + dv[None, :]  # [DK, BV] of the head's state
+        s = tl.load(states_ptr + slot * stride_ss + tile)
+        conv_slot = conv_ptr + slot * stride_cs
         qch = kh * DK + dk
         kch = key_dim + qch
+        vch = 2 * key_dim + h * DV + dv
         whole_k = dk < DK
-        src = slot
+        whole_v = dv < DV
         for t in range(lo, hi):
-            dst = tl.load(snap_ptr + t) if HAS_SNAPSHOTS else slot
             q = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc, stride_ck,
                              t, lo, qch, whole_k, K, KP)
             k = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc, stride_ck,
                              t, lo, kch, whole_k, K, KP)
+            v = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc, stride_ck,
+                             t, lo, vch, whole_v, K, KP)
             q = _l2norm_rows(q, 1e-6) * scale
             k = _l2norm_rows(k, 1e-6)
-            for hh in range(GROUP):
-                h = kh * GROUP + hh
-                g, beta = _gating(a_ptr, b_ptr, alog_ptr, dtb_ptr, t, h, stride_a, stride_b)
-                for v0 in range(0, DV, BV):
-                    dv = v0 + tl.arange(0, BV)
-                    v = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc,
-                                     stride_ck, t, lo, 2 * key_dim + h * DV + dv, dv < DV, K,
-                                     KP)
-                    tile = h * stride_sh + dk[:, None] * DV + dv[None, :]  # [DK, BV]
-                    s = tl.load(states_ptr + src * stride_ss + tile) * tl.exp(g)
-                    delta = beta * (v - tl.sum(s * k[:, None], axis=0))
-                    s += k[:, None] * delta[None, :]
-                    o = tl.sum(s * q[:, None], axis=0)
-                    tl.store(o_ptr + t * stride_ot + h * stride_oh + dv,
-                             o.to(o_ptr.dtype.element_ty))
-                    tl.store(states_ptr + dst * stride_ss + tile, s)
-            # the next token reads back what this one stored, possibly from other threads
-            tl.debug_barrier()
-            src = dst
-        # Conv windows last: every read of the slot's window above is done (barrier).
-        # (an empty segment stores nothing: its slot may be a padding slot shared with others)
-        for t in range(lo if HAS_SNAPSHOTS else tl.maximum(hi - 1, lo), hi):
-            dst_ptr = conv_ptr + (tl.load(snap_ptr + t) if HAS_SNAPSHOTS else slot) * stride_cs
-            store_conv_window(x_ptr, stride_x, conv_slot, dst_ptr, stride_cc, stride_ck, t,
-                              lo, qch, whole_k, K, KP)
-            store_conv_window(x_ptr, stride_x, conv_slot, dst_ptr, stride_cc, stride_ck, t,
-                              lo, kch, whole_k, K, KP)
-            dv = tl.arange(0, DV)
-            for hh in range(GROUP):
-                vch = 2 * key_dim + (kh * GROUP + hh) * DV + dv
-                store_conv_window(x_ptr, stride_x, conv_slot, dst_ptr, stride_cc, stride_ck,
-                                  t, lo, vch, dv < DV, K, KP)
-
-    _gdn_decode_kernel = triton.autotune(
-        _configs([(32, 4), (64, 4), (64, 8), (128, 8)]), key=["DK", "DV", "GROUP"],
-        prune_configs_by={"early_config_prune": _fit_dv},
-        restore_value=["conv_ptr", "states_ptr"])(_gdn_decode_kernel)
+            g, beta = _gating(a_ptr, b_ptr, alog_ptr, dtb_ptr, t, h, stride_a, stride_b)
+            decay = tl.exp(g)
+            # both reductions read the incoming state, so they run side by side:
+            # (decay S)^T k and (decay S + k delta^T)^T q = decay S^T q + (q.k) delta
+            sk = tl.sum(s * k[:, None], axis=0)
+            sq = tl.sum(s * q[:, None], axis=0)
+            delta = beta * (v - decay * sk)
+            o = decay * sq + tl.sum(q * k, axis=0) * delta
+            s = s * decay + k[:, None] * delta[None, :]
+            tl.store(o_ptr + t * stride_ot + h * stride_oh + dv, o.to(o_ptr.dtype.element_ty))
+            if HAS_SNAPSHOTS:
+                tl.store(states_ptr + tl.load(snap_ptr + t) * stride_ss + tile, s)
+        if not HAS_SNAPSHOTS:
+            tl.store(states_ptr + slot * stride_ss + tile, s)
+        # Conv windows, after every read of them above. The v channels are this program's
+        # own; q and k are shared by the k-head's GROUP * NVB programs, so the last of them
+        # to take a ticket writes them (no program waits: nothing depends on the launch
+        # order) and zeroes the counter for the next launch. The barrier and the release
+        # order this program's window reads before its ticket.
+        first = lo if HAS_SNAPSHOTS else hi - 1
+        for t in range(first, hi):
+            dst = conv_ptr + (tl.load(snap_ptr + t) if HAS_SNAPSHOTS else slot) * stride_cs
+            store_conv_window(x_ptr, stride_x, conv_slot, dst, stride_cc, stride_ck, t, lo,
+                              vch, whole_v, K, KP)
+        tl.debug_barrier()
+        counter = ticket_ptr + seq * (key_dim // DK) + kh
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == GROUP * NVB - 1:
+            for t in range(first, hi):
+                dst = conv_ptr + (tl.load(snap_ptr + t) if HAS_SNAPSHOTS else slot) * stride_cs
+                store_conv_window(x_ptr, stride_x, conv_slot, dst, stride_cc, stride_ck, t, lo,
+                                  qch, whole_k, K, KP)
+                store_conv_window(x_ptr, stride_x, conv_slot, dst, stride_cc, stride_ck, t, lo,
+                                  kch, whole_k, K, KP)
+            tl.store(counter, 0)
 
     @triton.jit
     def _unit_lower_inverse(a, C: tl.constexpr, SUB: tl.constexpr, SQUARINGS: tl.constexpr,
@@ -463,16 +538,92 @@ if triton is not None:
         return tl.dot(m, d, input_precision=PRECISION)
 
     @triton.jit
-    def _gdn_chunked_kernel(
-        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, states_ptr, cu_ptr, slot_ptr,
-        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_g, stride_beta,
-        stride_ot, stride_oh, stride_ss, stride_sh, scale,
-        GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-        C: tl.constexpr, SUB: tl.constexpr, SQUARINGS: tl.constexpr,
+    def _chunk_of(cu_ptr, p, num_seqs, C: tl.constexpr):
+        """(sequence, first row) of chunk program p: sequence b's chunks are programs
+        (cu[b] - b) // C + b onwards (that leaves room for ceil(len / C) whatever the lengths);
+        the last b whose first program is <= p, by binary search."""
+        lo: tl.int32 = 0
+        hi = num_seqs - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if (tl.load(cu_ptr + mid) - mid) // C + mid <= p:
+                lo = mid
+            else:
+                hi = mid - 1
+        start = tl.load(cu_ptr + lo)
+        return lo, start + (p - (start - lo) // C - lo) * C
+
+    @triton.jit
+    def _gdn_chunk_prepare_kernel(
+        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, w_ptr, u_ptr, cu_ptr, num_seqs,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_g,
+        stride_beta, scale,
+        GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
+        SUB: tl.constexpr, SQUARINGS: tl.constexpr, BV: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
+        """Program (chunk, value head h): the chunk's state-independent terms, with inv the
+        inverse of its unit lower-triangular system (I + A), all fp32 [rows, heads, dim]:
+        u = inv (beta V) and w = inv (beta exp(G) K) for h; the normalised q (times the
+        scale) and k of h's k-head, written by the first of its value heads. Rows of the
+        chunk only (the padding rows of a partial chunk are zero in every input)."""
+        seq, first = _chunk_of(cu_ptr, tl.program_id(0), num_seqs, C)
+        hi = tl.load(cu_ptr + seq + 1)
+        if first >= hi:  # a spare program: this sequence has fewer chunks than the bound
+            return
+        h = tl.program_id(1)
+        nv = tl.num_programs(1)
+        kh = h // GROUP
+        i = tl.arange(0, C)
+        rows = first + i
+        live = rows < hi
+        row = rows.to(tl.int64)[:, None]
+        dk = tl.arange(0, DK)[None, :]
+        kn = _l2norm_rows(tl.load(k_ptr + row * stride_kt + kh * stride_kh + dk,
+                                  mask=live[:, None], other=0.0).to(tl.float32), 1e-6)
+        if h % GROUP == 0:
+            qn = tl.load(q_ptr + row * stride_qt + kh * stride_qh + dk, mask=live[:, None],
+                         other=0.0).to(tl.float32)
+            qn = _l2norm_rows(qn, 1e-6) * scale
+            dst = row * (nv // GROUP * DK) + kh * DK + dk
+            tl.store(qn_ptr + dst, qn, mask=live[:, None])
+            tl.store(kn_ptr + dst, kn, mask=live[:, None])
+        g = tl.load(g_ptr + rows * stride_g + h, mask=live, other=0.0)
+        beta = tl.load(beta_ptr + rows * stride_beta + h, mask=live, other=0.0)
+        cum = tl.cumsum(g, axis=0)  # G: log-decay from the chunk start, non-increasing
+        # exp(G_i - G_j) for j < i, masked before exp (the upper side would overflow)
+        strict = i[:, None] > i[None, :]
+        decay = tl.exp(tl.where(strict, cum[:, None] - cum[None, :], float("-inf")))
+        k_beta = kn * beta[:, None]
+        a = tl.where(strict, tl.dot(k_beta, tl.trans(kn), input_precision=PRECISION) * decay,
+                     0.0)
+        inv = _unit_lower_inverse(a, C, SUB, SQUARINGS, PRECISION)
+        w = tl.dot(inv, k_beta * tl.exp(cum)[:, None], input_precision=PRECISION)
+        tl.store(w_ptr + row * (nv * DK) + h * DK + dk, w, mask=live[:, None])
+        for v0 in tl.static_range(0, DV, BV):  # u by column blocks: fewer live registers
+            dv = v0 + tl.arange(0, BV)[None, :]
+            v = tl.load(v_ptr + row * stride_vt + h * stride_vh + dv, mask=live[:, None],
+                        other=0.0).to(tl.float32)
+            u = tl.dot(inv, v * beta[:, None], input_precision=PRECISION)
+            tl.store(u_ptr + row * (nv * DV) + h * DV + dv, u, mask=live[:, None])
+
+    @triton.jit
+    def _gdn_chunked_kernel(
+        qn_ptr, kn_ptr, g_ptr, w_ptr, u_ptr, o_ptr, states_ptr, cu_ptr, slot_ptr, stride_g,
+        stride_ot, stride_oh, stride_ss, stride_sh,
+        GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+        C: tl.constexpr, PRECISION: tl.constexpr,
+    ):
+        """Program (sequence, value head h, dv block): carries the [DK, BV] state tile across
+        the sequence's chunks, from their prepared terms (`_gdn_chunk_prepare_kernel`):
+            delta = u - w S
+            o     = exp(G) (Q S) + (Q K^T o decay) delta
+            S'    = exp(G_end) S + K^T (exp(G_end - G) delta)
+        The decays scale the small results, not the [C, DK] operands, so those go from
+        memory straight into the dots. Only these products are sequential."""
         tl.static_assert(DV % BV == 0, "the state tiles are unmasked: BV must divide DV")
         seq, h, vblock = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        nv = tl.num_programs(1)
         lo, hi = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
         kh = h // GROUP
         dk = tl.arange(0, DK)
@@ -482,41 +633,37 @@ if triton is not None:
         s = tl.load(state)  # [DK, BV] fp32, carried across the chunks
         i = tl.arange(0, C)
         causal = i[:, None] >= i[None, :]
-        strict = i[:, None] > i[None, :]
         for t0 in range(lo, hi, C):
             rows = t0 + i
-            live = rows < hi  # padding rows: q = k = v = 0, g = beta = 0 leave s unchanged
-            q = tl.load(q_ptr + rows[:, None] * stride_qt + kh * stride_qh + dk[None, :],
-                        mask=live[:, None], other=0.0).to(tl.float32)
-            k = tl.load(k_ptr + rows[:, None] * stride_kt + kh * stride_kh + dk[None, :],
-                        mask=live[:, None], other=0.0).to(tl.float32)
-            v = tl.load(v_ptr + rows[:, None] * stride_vt + h * stride_vh + dv[None, :],
-                        mask=live[:, None], other=0.0).to(tl.float32)
+            live = rows < hi  # padding rows: q = k = w = u = 0, g = 0 leave s unchanged
+            row = rows.to(tl.int64)[:, None]
+            qk_off = row * (nv // GROUP * DK) + kh * DK + dk[None, :]
+            q = tl.load(qn_ptr + qk_off, mask=live[:, None], other=0.0)
+            k = tl.load(kn_ptr + qk_off, mask=live[:, None], other=0.0)
+            w = tl.load(w_ptr + row * (nv * DK) + h * DK + dk[None, :], mask=live[:, None],
+                        other=0.0)
+            u = tl.load(u_ptr + row * (nv * DV) + h * DV + dv[None, :], mask=live[:, None],
+                        other=0.0)
             g = tl.load(g_ptr + rows * stride_g + h, mask=live, other=0.0)
-            beta = tl.load(beta_ptr + rows * stride_beta + h, mask=live, other=0.0)
-            q = _l2norm_rows(q, 1e-6) * scale
-            k = _l2norm_rows(k, 1e-6)
-            cum = tl.cumsum(g, axis=0)  # G: log-decay from the chunk start, non-increasing
+            cum = tl.cumsum(g, axis=0)
+            total = tl.sum(g, axis=0)
             # exp(G_i - G_j) for j <= i, masked before exp (the upper side would overflow)
             decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], float("-inf")))
-            k_beta = k * beta[:, None]
-            a = tl.where(strict, tl.dot(k_beta, tl.trans(k), input_precision=PRECISION)
-                         * decay, 0.0)
-            inv = _unit_lower_inverse(a, C, SUB, SQUARINGS, PRECISION)
-            u = tl.dot(inv, v * beta[:, None], input_precision=PRECISION)
-            w = tl.dot(inv, k_beta * tl.exp(cum)[:, None], input_precision=PRECISION)
             delta = u - tl.dot(w, s, input_precision=PRECISION)  # [C, BV]
             intra = tl.dot(q, tl.trans(k), input_precision=PRECISION) * decay
-            o = (tl.dot(q * tl.exp(cum)[:, None], s, input_precision=PRECISION)
+            o = (tl.dot(q, s, input_precision=PRECISION) * tl.exp(cum)[:, None]
                  + tl.dot(intra, delta, input_precision=PRECISION))
-            tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + dv[None, :],
+            tl.store(o_ptr + row * stride_ot + h * stride_oh + dv[None, :],
                      o.to(o_ptr.dtype.element_ty), mask=live[:, None])
-            total = tl.sum(g, axis=0)
-            k_to_end = k * tl.exp(total - cum)[:, None]
-            s = s * tl.exp(total) + tl.dot(tl.trans(k_to_end), delta, input_precision=PRECISION)
+            s = s * tl.exp(total) + tl.dot(tl.trans(k), delta * tl.exp(total - cum)[:, None],
+                                           input_precision=PRECISION)
         tl.store(state, s)
 
+    # NOTE (sm_90, dk = dv = 128): every load feeds a dot, so stages multiply the shared
+    # memory: (32, 4 warps) takes 151 KiB at 1 stage, 224 KiB at 2, too much at 3 (the
+    # autotuner skips what does not fit); each spills 200-400 B of registers.
     _gdn_chunked_kernel = triton.autotune(
-        _configs([(32, 4), (64, 4), (32, 8), (64, 8)]), key=["DK", "DV", "GROUP"],
+        _configs([(32, 4, 2), (32, 8, 2), (16, 4, 2), (32, 4, 1), (64, 8, 1)]),
+        key=["DK", "DV", "GROUP"],
         prune_configs_by={"early_config_prune": _fit_dv},
         restore_value=["states_ptr"])(_gdn_chunked_kernel)

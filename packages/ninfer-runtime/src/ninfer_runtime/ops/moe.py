@@ -7,14 +7,21 @@ Each op has a torch reference (`*_ref`, the oracle and the CPU path) and a Trito
 (ops.dispatch picks):
 
 - `route`: one program per token does softmax (fp32), top-k and the renormalisation.
-- `moe_experts`: the T*k (token, slot) pairs are sorted by expert into blocks of BLOCK_M rows
+- `moe_experts` at decode sizes (T <= DECODE_MAX_TOKENS): two GEMV launches straight over the
+  routed (token, slot) pairs, no sorting. gate|up: a program per (pair, tile of BN
+  intermediate columns) reads its expert's BN gate rows and BN up rows once and stores
+  silu(gate) * up (-> hidden [T*k, I]); down: a program per (token, tile of BN output rows)
+  walks the token's k experts, their routing weights folded into the per-row multipliers, and
+  stores the finished sum (deterministic: a fixed order, no atomics, no third pass). Only the
+  chosen experts' bytes are read; packed codes decode on CUDA cores as 32-bit words
+  (ops.quant_linear's decoders), each block scale applied once per word.
+- `moe_experts` for prompts: the T*k pairs are sorted by expert into blocks of BLOCK_M rows
   (`align`: every block belongs to one expert; an expert's last block is padded with a
   sentinel), then two grouped GEMMs run over the blocks: gate|up with SiLU-and-mul fused into
   the epilogue (-> hidden [padded rows, I]), then down scaled by the routing weight (-> one row
   per (token, slot)); a sum over the k slots puts the result back in token order. Both GEMMs
   read the stacked expert weights [E, N, K] as stored (bf16, nvfp4 or groupwise-int) and
-  dequantize them in registers. A program owns one (block, N tile), so at decode, where an
-  expert has fewer than BLOCK_M rows, each active expert's bytes are read exactly once.
+  dequantize them in registers.
 
 Dequantization in the kernels is exact where it can be: an E2M1 code times its E4M3 block
 scale has at most 6 significant bits and lies in [2^-10, 2688], so it is formed exactly in
@@ -48,6 +55,9 @@ PLAIN, NVFP4, INT4 = 0, 1, 2
 _SCHEMES = {"nvfp4": NVFP4, "groupwise-int": INT4}
 INT4_GROUP = 128  # quant.groupwise_int.GROUP: a K tile must lie inside one group
 ALIGN_KERNEL_MAX = 4096  # (token, slot) pairs the one-program align kernel takes; more: torch
+# Up to this many tokens moe_experts takes the GEMV path: a pair's expert is read by its own
+# programs (L2 absorbs repeats of an expert within the step); above it, sorting by expert pays.
+DECODE_MAX_TOKENS = 16
 
 
 # ---- references ----
@@ -150,6 +160,8 @@ def moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
     if (not use_triton(*tensors) or x.shape[0] == 0 or not _supported(gate_up)
             or not _supported(down)):
         return moe_experts_ref(x, gate_up, down, weights, ids)
+    if x.shape[0] <= DECODE_MAX_TOKENS:
+        return _launch_moe_decode(x, gate_up, down, weights, ids)
     return _launch_moe_experts(x, gate_up, down, weights, ids)
 
 
@@ -247,8 +259,6 @@ def _launch_grouped(a: torch.Tensor, w: _Experts, out: torch.Tensor, al: Alignme
     n = n_rows // 2 if swiglu else n_rows
     assert a.stride(1) == 1 and out.stride(1) == 1 and a.shape[1] == k, \
         f"moe_experts: activations {tuple(a.shape)} vs weight {w.shape}"
-    if w.scheme == INT4:
-        assert k % INT4_GROUP == 0, f"moe_experts: groupwise-int K {k} not a multiple of 128"
     num_blocks = al.block_expert.shape[0]
 
     def grid(meta: dict) -> tuple[int, int]:
@@ -268,9 +278,7 @@ def _launch_moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeig
                         weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     gu, dn = _Experts.of(gate_up, "gate_up"), _Experts.of(down, "down")
     t, h = x.shape
-    num_experts, inter = gu.shape[0], gu.shape[1] // 2
-    assert gu.shape[2] == h and dn.shape == (num_experts, h, inter), \
-        f"moe_experts: gate_up {gu.shape} and down {dn.shape} do not fit x {tuple(x.shape)}"
+    num_experts, inter = gu.shape[0], _check_experts(x, gu, dn)
     top_k = ids.shape[1]
     pairs = t * top_k
     al = align(ids.to(torch.int64).contiguous(), num_experts, _block_m(pairs, num_experts))
@@ -280,6 +288,47 @@ def _launch_moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeig
     y = torch.empty((pairs, h), dtype=x.dtype, device=x.device)
     _launch_grouped(hidden, dn, y, al, weights, top_k, swiglu=False)
     return y.view(t, top_k, h).sum(1)  # accumulates in fp32, rounds once
+
+
+def _check_experts(x: torch.Tensor, gu: _Experts, dn: _Experts) -> int:
+    """The intermediate size I, after checking gate_up [E, 2I, H] and down [E, H, I]."""
+    num_experts, h = gu.shape[0], x.shape[1]
+    inter = gu.shape[1] // 2
+    assert gu.shape[2] == h and dn.shape == (num_experts, h, inter), \
+        f"moe_experts: gate_up {gu.shape} and down {dn.shape} do not fit x {tuple(x.shape)}"
+    for w in (gu, dn):
+        if w.scheme == INT4:
+            assert w.shape[2] % INT4_GROUP == 0, \
+                f"moe_experts: groupwise-int K {w.shape[2]} not a multiple of {INT4_GROUP}"
+    return inter
+
+
+def _launch_moe_decode(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
+                       weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The GEMV path (module docstring): gate|up + SiLU per pair, then down summed per token."""
+    gu, dn = _Experts.of(gate_up, "gate_up"), _Experts.of(down, "down")
+    assert x.stride(1) == 1, "moe_experts: x needs contiguous features"
+    inter = _check_experts(x, gu, dn)
+    t, h = x.shape
+    top_k = ids.shape[1]
+    ids = ids.to(torch.int64).contiguous()
+    weights = weights.float().contiguous()
+    hidden = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
+    out = torch.empty((t, h), dtype=x.dtype, device=x.device)
+    for a, w, dst, programs, swiglu in ((x, gu, hidden, t * top_k, True),
+                                        (hidden, dn, out, t, False)):
+        n = w.shape[1] // 2 if swiglu else w.shape[1]
+        words = w.weight if w.scheme == PLAIN else w.weight.view(torch.int32)
+
+        def grid(meta: dict, programs: int = programs, n: int = n) -> tuple[int, int]:
+            return programs, triton.cdiv(n, meta["BN"])
+
+        _decode_gemv_kernel[grid](
+            a, a.stride(0), words, w.scale, w.aux, words.stride(0), words.stride(1),
+            w.scale.stride(0), w.scale.stride(1), w.aux.stride(0), w.aux.stride(1),
+            dst, dst.stride(0), ids, weights, n, w.shape[2], top_k,
+            SCHEME=w.scheme, SWIGLU=swiglu, SLOTS=1 if swiglu else triton.next_power_of_2(top_k))
+    return out
 
 
 def _gemm_configs() -> list[triton.Config]:
@@ -300,6 +349,14 @@ def _gemm_configs() -> list[triton.Config]:
 # ---- kernels ----
 
 if triton is not None:
+    from ninfer_runtime.ops.quant_linear import (
+        _NV_FMA_SCALE,
+        _NV_FMA_X,
+        _NV_OUT,
+        _e2m1,
+        _graph_bench,
+        _uint4,
+    )
 
     @triton.jit
     def _route_kernel(logits, stride_t, weights_out, ids_out, num_experts,
@@ -508,3 +565,177 @@ if triton is not None:
             rw = tl.load(route_weights + pair, mask=valid, other=0.0)
             tl.store(out + pair[:, None] * stride_om + cols[None, :],
                      (acc * rw[:, None]).to(out.dtype.element_ty), mask=store_mask)
+
+    # ---- decode (GEMV) path ----
+
+    @triton.jit
+    def _gemv_tile(w, scale, aux, experts, rows, ok, factor, k0, K, stride_we, stride_wn,
+                   stride_se, stride_sn, stride_ae, stride_an, SCHEME: tl.constexpr,
+                   BK: tl.constexpr, EVEN_K: tl.constexpr):
+        """Rows `rows` [R] of experts `experts` [S] at inputs [k0, k0 + BK), as `_gemv_acc`
+        takes them (ok [S, R] masks whole rows off).
+
+        PLAIN: the values [S, R, BK]. Packed: the uint32 code words [S, R, BK/8] (input 8w + j
+        in bits 4j..4j+3) and, per scale block [S, R, BKS], the multiplier and addend that
+        turn a decoded code (quant_linear's `_e2m1` / `_uint4`) into the weight, times the
+        row factor [S, R] (routing weight, and the nvfp4 global scale): nvfp4 s * 2^22 *
+        factor (the output then times 2^8: the decoder's power-of-two offsets); groupwise-int
+        16 s and -(16 + z) s, times factor.
+        """
+        row_off = (experts.to(tl.int64)[:, None] * stride_we
+                   + rows.to(tl.int64)[None, :] * stride_wn)[:, :, None]  # [S, R, 1]
+        okk = ok[:, :, None]
+        if SCHEME == 0:
+            kk = k0 + tl.arange(0, BK)[None, None, :]
+            vals = tl.load(w + row_off + kk, mask=okk if EVEN_K else okk & (kk < K), other=0.0)
+            return vals, factor, factor
+        else:
+            BKW: tl.constexpr = BK // 8
+            WPS: tl.constexpr = 2 if SCHEME == 1 else 16  # words per scale block
+            BKS: tl.constexpr = BKW // WPS
+            kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
+            kw = kw[None, None, :]
+            ks = (k0 // (8 * WPS) + tl.arange(0, BKS))[None, None, :]
+            w_mask = okk if EVEN_K else okk & (kw < K // 8)
+            s_mask = okk if EVEN_K else okk & (ks < K // (8 * WPS))
+            words = tl.load(w + row_off + kw, mask=w_mask, other=0).to(tl.uint32, bitcast=True)
+            s_off = (experts.to(tl.int64)[:, None] * stride_se
+                     + rows.to(tl.int64)[None, :] * stride_sn)[:, :, None] + ks
+            if SCHEME == 1:
+                s = _e4m3_f16(tl.load(scale + s_off, mask=s_mask, other=0)).to(tl.float32)
+                mul = s * (_NV_FMA_SCALE * factor[:, :, None])
+                add = mul
+            else:
+                step = tl.load(scale + s_off, mask=s_mask, other=0.0).to(tl.float32)
+                z_off = (experts.to(tl.int64)[:, None] * stride_ae
+                         + rows.to(tl.int64)[None, :] * stride_an)[:, :, None] + ks
+                zero = tl.load(aux + z_off, mask=s_mask, other=0).to(tl.float32)
+                mul = 16.0 * step * factor[:, :, None]
+                add = -(16.0 + zero) * step * factor[:, :, None]
+            return words, mul, add
+
+    @triton.jit
+    def _gemv_acc(acc, tile, mul, add, a_rows, k0, K, SCHEME: tl.constexpr,
+                  BK: tl.constexpr):
+        """acc += the tile's weights times each slot's activations a_rows [S] (pointers to
+        the rows) at inputs [k0, k0 + BK).
+
+        Packed: acc is [S, R, BKS, WPS], the word tile's own shape (only the small activation
+        slices [S, 1, ...] move between layouts), reduced over K once, after the loop. PLAIN
+        (4x the bytes per weight, so issue is not its limit): acc [S, R], reduced per tile,
+        times the row factor (the routing weight alone there).
+        """
+        if SCHEME == 0:
+            kk = k0 + tl.arange(0, BK)[None, :]
+            xk = tl.load(a_rows[:, None] + kk, mask=kk < K, other=0.0).to(tl.float32)
+            acc += tl.sum(tile.to(tl.float32) * xk[:, None, :], axis=2) * mul
+        else:
+            BKW: tl.constexpr = BK // 8
+            WPS: tl.constexpr = 2 if SCHEME == 1 else 16
+            BKS: tl.constexpr = BKW // WPS
+            S: tl.constexpr = tile.shape[0]
+            R: tl.constexpr = tile.shape[1]
+            words = tl.reshape(tile, (S, R, BKS, WPS))
+            kw = (k0 // 8 + tl.arange(0, BKS)[:, None] * WPS + tl.arange(0, WPS)[None, :])
+            x_ptrs = a_rows[:, None, None] + kw[None] * 8  # [S, BKS, WPS]
+            x_mask = (kw < K // 8)[None]
+            part = tl.zeros(acc.shape, tl.float32)
+            xsum = tl.zeros((S, BKS, WPS), tl.float32)
+            for j in tl.static_range(8):
+                xj = tl.load(x_ptrs + j, mask=x_mask, other=0.0).to(tl.float32)
+                if SCHEME == 1:
+                    part += _e2m1(words, j) * (xj * _NV_FMA_X)[:, None]
+                else:
+                    part += _uint4(words, j) * xj[:, None]
+                    xsum += xj
+            if SCHEME == 1:
+                acc += part * mul[:, :, :, None]
+            else:
+                acc += part * mul[:, :, :, None] + xsum[:, None] * add[:, :, :, None]
+        return acc
+
+    @triton.jit
+    def _decode_gemv_kernel(
+        a, stride_am, w, scale, aux, stride_we, stride_wn, stride_se, stride_sn,
+        stride_ae, stride_an, out, stride_om, ids, route_weights, N, K, top_k,
+        SCHEME: tl.constexpr, SWIGLU: tl.constexpr, SLOTS: tl.constexpr,
+        EVEN_K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    ):
+        """A tile is [S slots, R rows, BK inputs] of the experts' weights.
+
+        SWIGLU (S = 1): program (pair, column tile) -> silu(gate) * up of the pair's expert at
+        the tile's BN columns (R = 2 BN: the gate rows and the matching up rows N later).
+        Otherwise (S = SLOTS >= top_k): program (token, row tile) -> sum over the token's k
+        pairs of routing weight x down rows @ hidden[pair]: all k experts are loaded at once,
+        so a program has all of them in flight. Along K, the next tile is loaded (into
+        registers) before this one is decoded: the compiler pipelines only loads feeding dots.
+        """
+        R: tl.constexpr = 2 * BN if SWIGLU else BN
+        pid = tl.program_id(0)
+        i = tl.arange(0, R)
+        cols = tl.program_id(1) * BN + i % BN
+        rows = cols + (i // BN) * N  # SWIGLU: the second half are the up rows
+        slot = tl.arange(0, SLOTS)
+        slot_ok = slot < (1 if SWIGLU else top_k)
+        # [S] flat pair indices; a spare slot (top_k < SLOTS) reads the token's first pair,
+        # its weight rows masked off (never an activation row past the end: 0 * NaN)
+        pair = pid + slot if SWIGLU else pid * top_k + tl.where(slot_ok, slot, 0)
+        ok = slot_ok[:, None] & (cols < N)[None, :]
+        experts = tl.load(ids + pair, mask=slot_ok, other=0)
+        if SWIGLU:
+            rw = tl.full((SLOTS,), 1.0, tl.float32)
+            a_rows = a + (pair // top_k).to(tl.int64) * stride_am
+        else:
+            rw = tl.load(route_weights + pair, mask=slot_ok, other=0.0)
+            a_rows = a + pair.to(tl.int64) * stride_am
+        factor = tl.broadcast_to(rw[:, None], (SLOTS, R))
+        if SCHEME == 1:  # the nvfp4 per-row global scale
+            factor = factor * tl.load(aux + experts.to(tl.int64)[:, None] * stride_ae
+                                      + rows[None, :] * stride_an, mask=ok, other=0.0)
+        if SCHEME == 0:
+            acc = tl.zeros((SLOTS, R), tl.float32)
+        else:
+            WPS: tl.constexpr = 2 if SCHEME == 1 else 16
+            acc = tl.zeros((SLOTS, R, BK // 8 // WPS, WPS), tl.float32)
+        nxt = _gemv_tile(w, scale, aux, experts, rows, ok, factor, 0, K, stride_we, stride_wn,
+                         stride_se, stride_sn, stride_ae, stride_an, SCHEME, BK, EVEN_K)
+        for k0 in range(0, K, BK):
+            tile, mul, add = nxt
+            # the next tile (past the last: every row masked off, nothing is read)
+            more = (tl.zeros((SLOTS, R), tl.int32) + k0 + BK) < K
+            nxt = _gemv_tile(w, scale, aux, experts, rows, ok & more, factor, k0 + BK, K,
+                             stride_we, stride_wn, stride_se, stride_sn, stride_ae, stride_an,
+                             SCHEME, BK, EVEN_K)
+            acc = _gemv_acc(acc, tile, mul, add, a_rows, k0, K, SCHEME, BK)
+        res = acc if SCHEME == 0 else tl.sum(tl.sum(acc, axis=3), axis=2)
+        res = tl.sum(res, axis=0)  # [R]: the slots summed (down), or the one slot
+        if SCHEME == 1:
+            res = res * _NV_OUT
+        if SWIGLU:
+            gate, up = tl.split(tl.permute(tl.reshape(res, (2, BN)), (1, 0)))
+            res = gate / (1.0 + tl.exp(-gate)) * up
+        n_cols = tl.program_id(1) * BN + tl.arange(0, BN)
+        tl.store(out + pid.to(tl.int64) * stride_om + n_cols, res.to(out.dtype.element_ty),
+                 mask=n_cols < N)
+
+    def _decode_configs() -> list:
+        """(BN, BK, warps). BK is a multiple of the int4 group (128 codes = 16 words) so a
+        scale block never straddles a tile.
+
+        NOTE (sm_90 SASS at 35B-A3B, H 2048, I 512, k 8): nvfp4 gate|up (16, 512, 4) 120
+        registers, 6.3 instructions per weight in the loop; down (16, 256, 4) 255 registers
+        (8 B spilled), 5.9; groupwise-int 5.8 / 5.2; all weight loads 16 B wide. bf16 down
+        spills at BK >= 256 with 8 slots a tile: (16, 128, 8) is there for it.
+        """
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            options = [(64, 128, 4)]
+        else:
+            options = [(16, 256, 4), (16, 512, 4), (32, 256, 4), (16, 512, 8), (32, 512, 8),
+                       (16, 128, 8)]
+        return [triton.Config({"BN": bn, "BK": bk}, num_warps=w, num_stages=1)
+                for bn, bk, w in options]
+
+    _decode_gemv_kernel = triton.autotune(
+        _decode_configs(), key=["N", "K", "SCHEME", "SWIGLU", "SLOTS"],
+        do_bench=_graph_bench)(triton.heuristics(
+            {"EVEN_K": lambda args: args["K"] % args["BK"] == 0})(_decode_gemv_kernel))
