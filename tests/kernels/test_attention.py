@@ -4,7 +4,8 @@ On a CPU-only machine the kernels run under Triton's interpreter (tests/conftest
 mishandles tl.dot on bf16, so the CPU runs use fp32 and fp16 queries; on CUDA they use bf16.
 Shapes are tiny (the interpreter is slow) but keep what matters: GQA groups that are not a
 power of two, contexts of 1 token and of several pages, tiles smaller and larger than a page,
-segments spanning several query blocks, decode rows beside prompt chunks, split contexts.
+segments spanning several query blocks, decode rows beside prompt chunks, split contexts, and
+the DFlash draft's non-causal and sliding-window masks.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ninfer_runtime.ops.attention import (
     paged_attention_ref,
     store_kv,
     store_kv_ref,
+    visible_keys,
 )
 from ninfer_runtime.ops.kv_quant import kv_group_size
 
@@ -78,9 +80,10 @@ def paged_step(query_lens: list[int], contexts: list[int], *, nq: int, nkv: int,
     }
 
 
-def assert_matches_reference(step: dict, **launch: object) -> None:
-    expected = paged_attention_ref(**step)
-    out = _paged_attention_triton(**step, **launch)
+def assert_matches_reference(step: dict, *, causal: bool = True, window: int | None = None,
+                             **launch: object) -> None:
+    expected = paged_attention_ref(**step, causal=causal, window=window)
+    out = _paged_attention_triton(**step, causal=causal, window=window, **launch)
     assert out.shape == expected.shape and out.dtype == expected.dtype
     atol, rtol = TOL[step["q"].dtype]
     torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
@@ -124,6 +127,30 @@ def test_several_scale_groups_per_head() -> None:
     step = paged_step([2, 1], [40, 70], nq=4, nkv=1, d=128, page=64, int8=True,
                       dtype=DTYPES[0])
     assert_matches_reference(step, num_splits=2, min_split_tokens=16)
+
+
+def test_visible_keys() -> None:
+    """Queries at positions 3..5 of 6 keys: causal, non-causal, and windows of 2 either way."""
+    rows = lambda m: ["".join("x" if v else "." for v in row) for row in m.tolist()]  # noqa: E731
+    assert rows(visible_keys(3, 6)) == ["xxxx..", "xxxxx.", "xxxxxx"]
+    assert rows(visible_keys(3, 6, causal=False)) == ["xxxxxx"] * 3
+    assert rows(visible_keys(3, 6, window=2)) == ["..xx..", "...xx.", "....xx"]
+    assert rows(visible_keys(3, 6, causal=False, window=2)) == ["..xxx.", "...xxx", "....xx"]
+
+
+@pytest.mark.parametrize("causal,window", [(False, None), (True, 5), (False, 7), (True, 40)])
+@pytest.mark.parametrize("splits", [None, 4])
+def test_non_causal_and_windowed(causal: bool, window: int | None, splits: int | None,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The DFlash draft's masks: 16-token blocks (non-causal: every row sees the whole block)
+    after 0, 24 and 54 context tokens beside a decode row; windows shorter than a block and
+    longer than a page, so a block's rows start their windows at different keys. 32-row tiles
+    of 4 q heads put two query blocks in each block segment."""
+    monkeypatch.setattr(attention, "PREFILL_BLOCK_M", 32)
+    step = paged_step([16, 1, 16, 16], [16, 33, 40, 70], nq=8, nkv=2, d=32, page=16,
+                      int8=False, dtype=DTYPES[0])
+    assert_matches_reference(step, causal=causal, window=window, num_splits=splits,
+                             min_split_tokens=16)
 
 
 def test_plan_gives_every_sequence_its_query_blocks() -> None:
@@ -186,4 +213,7 @@ def test_public_ops_dispatch_to_the_kernels(monkeypatch: pytest.MonkeyPatch) -> 
     out = paged_attention(**step)
     atol, rtol = TOL[DTYPES[0]]
     torch.testing.assert_close(out, paged_attention_ref(**step), atol=atol, rtol=rtol)
-    assert calls == ["_store_kv_triton", "_paged_attention_triton"]
+    out = paged_attention(**step, causal=False, window=4)
+    torch.testing.assert_close(out, paged_attention_ref(**step, causal=False, window=4),
+                               atol=atol, rtol=rtol)
+    assert calls == ["_store_kv_triton", "_paged_attention_triton", "_paged_attention_triton"]

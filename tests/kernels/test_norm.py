@@ -68,6 +68,20 @@ def test_gated_rms_norm(tokens: int, weight_fp32: bool, dtype: torch.dtype) -> N
     check(gated_rms_norm(x, z, w, 1e-6), gated_rms_norm_ref(x, z, w, 1e-6))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_plain_weight_norms(dtype: torch.dtype) -> None:
+    """unit_offset=False scales by w itself (the DFlash draft's Qwen3 RMSNorm)."""
+    x, h = rand(7, 200, dtype=dtype) * 3, rand(7, 200, seed=1, dtype=dtype)
+    w = 1.0 + rand(200, seed=2, dtype=dtype) * 0.1
+    out = rms_norm(x, w, 1e-6, unit_offset=False)
+    check(out, rms_norm_ref(x, w, 1e-6, unit_offset=False))
+    check(out, rms_norm_ref(x, w - 1.0, 1e-6), atol_steps=2)
+    residual, out = add_rms_norm(x, h, w, 1e-6, unit_offset=False)
+    ref_residual, ref_out = add_rms_norm_ref(x, h, w, 1e-6, unit_offset=False)
+    assert torch.equal(residual, ref_residual)
+    check(out, ref_out)
+
+
 def test_mismatched_shapes_are_refused() -> None:
     x = rand(2, 8)
     with pytest.raises(ValueError, match="add_rms_norm"):

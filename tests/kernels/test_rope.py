@@ -8,7 +8,13 @@ import torch
 from kernel_helpers import DEVICE, DTYPES, check, kernels, rand  # noqa: F401
 
 from ninfer_runtime.ops.norm import rms_norm_ref
-from ninfer_runtime.ops.rope import qk_norm_rope, qk_norm_rope_ref, rope_cos_sin
+from ninfer_runtime.ops.rope import (
+    norm_rope,
+    norm_rope_ref,
+    qk_norm_rope,
+    qk_norm_rope_ref,
+    rope_cos_sin,
+)
 
 pytestmark = pytest.mark.usefixtures("kernels")
 
@@ -45,6 +51,26 @@ def test_qk_norm_rope(case: tuple[int, int, int, int, int], dtype: torch.dtype) 
     assert q_out.is_contiguous() and k_out.is_contiguous()
     # past rotary_dim the kernel stores the norm output itself
     check_rope(q_out[..., rot:], rms_norm_ref(q, qw, 1e-6)[..., rot:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_plain_weight_full_rotation_and_keys_alone(dtype: torch.dtype) -> None:
+    """The DFlash draft's form: plain-w norms, RoPE over the whole head, and norm_rope on the
+    context's keys (no queries)."""
+    q, k = projected_qk(6, 4, 2, 32, dtype)
+    qw, kw = 1.0 + rand(32, seed=1, dtype=dtype) * 0.1, 1.0 + rand(32, seed=2, dtype=dtype) * 0.1
+    positions = torch.arange(100, 106, device=DEVICE)
+    cos, sin = rope_cos_sin(positions, 32, 1e7,
+                            {"rope_type": "yarn", "factor": 4.0,
+                             "original_max_position_embeddings": 64})
+    q_out, k_out = qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6, unit_offset=False)
+    q_ref, k_ref = qk_norm_rope_ref(q, k, qw, kw, cos, sin, 1e-6, unit_offset=False)
+    check_rope(q_out, q_ref)
+    check_rope(k_out, k_ref)
+    keys = norm_rope(k, kw, cos, sin, 1e-6, unit_offset=False)
+    check_rope(keys, norm_rope_ref(k, kw, cos, sin, 1e-6, unit_offset=False))
+    check_rope(keys, k_out)
+    assert keys.is_contiguous()
 
 
 def test_position_zero_is_the_plain_norm() -> None:

@@ -6,6 +6,10 @@ read, so bad input fails before a byte is written. `build` then streams: for eac
 reads only its sources, combines them (concatenated rows, stacked experts, squeezed conv),
 casts or quantizes, writes, and frees, so peak memory is a few times the largest tensor.
 
+A DFlash draft (`source.dflash`, ninfer_convert.dflash) and a draft head (`source.draft_vocab`,
+ninfer_convert.draft_vocab) add their outputs after the target's, read from the same merged
+store (`source_store`), planned and checked the same way.
+
 Quantization applies to the combined tensor as NInfer stores it, so a fused-expert checkpoint
 and a per-expert one give identical artifacts. A ModelOpt NVFP4 export is imported as it is
 when the target is nvfp4 (packed codes and block scales concatenated, each source's scalar
@@ -24,17 +28,18 @@ from typing import Any, Literal
 
 import torch
 
+from ninfer_convert import dflash, draft_vocab
 from ninfer_convert.checkpoint import ConvertError, SourceTensor
-from ninfer_convert.mapping import TensorPlan, plan_tensors
+from ninfer_convert.mapping import TensorPlan, lm_head_source, plan_tensors
 from ninfer_convert.quantize import quantize
-from ninfer_convert.sources import ModelSource, hf_layout
+from ninfer_convert.sources import MergedStore, ModelSource, TensorStore, hf_layout
 from ninfer_runtime.artifact import ArtifactWriter, WeightSpec
 from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.quant import WEIGHTS_IDS, Scheme, get_scheme
 
 Shape = tuple[int, ...]
 Choice = Literal["body", "bf16"]
-PLAIN_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+PLAIN_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "int64": torch.int64}
 ERROR_CHUNK_ELEMS = 1 << 20  # elements per slice when measuring the quantization error
 
 
@@ -90,8 +95,8 @@ class OutputTensor:
 
 
 def choose_scheme(plan: TensorPlan, options: BuildOptions) -> str:
-    if plan.group == "fp32":
-        return "fp32"
+    if plan.group in ("fp32", "int64"):
+        return plan.group
     if not plan.quantizable:
         return "bf16"
     choice = {"lm_head": options.lm_head, "mtp": options.mtp}.get(plan.group, "body")
@@ -143,9 +148,46 @@ def expected_shapes(cfg: ModelConfig, options: BuildOptions) -> dict[str, Shape]
     return {p.name: combined_shape(p, [fake[s] for s in p.sources]) for p in plans}
 
 
+def source_store(source: ModelSource) -> TensorStore:
+    """Every tensor the build reads: the target's under their names, the DFlash draft's under
+    "dflash:", the draft head's (ids and lm_head rows) under "draft_head:"."""
+    stores: dict[str, TensorStore] = {"": source.store}
+    if source.dflash is not None:
+        stores[dflash.STORE_PREFIX] = source.dflash.store
+    if source.draft_vocab is not None:
+        try:
+            head = source.store.tensors[lm_head_source(set(source.store.tensors))]
+        except KeyError as e:
+            raise PlanError(f"{source.where}: the checkpoint lacks the tensor {e.args[0]!r}, "
+                            "which the config requires") from None
+        stores[draft_vocab.STORE_PREFIX] = draft_vocab.DraftHeadStore(
+            source.draft_vocab, head, source.store.load)
+    return MergedStore(stores)
+
+
+def _extra_plans(source: ModelSource) -> list[TensorPlan]:
+    """The draft's and the draft head's outputs; raises PlanError when the draft lacks a
+    tensor its config requires or has one of another shape."""
+    plans: list[TensorPlan] = []
+    if source.dflash is not None:
+        draft = source.dflash
+        for name, (shape, _) in draft.layout().items():
+            t = draft.store.tensors.get(name)
+            if t is None:
+                raise PlanError(f"{draft.where}: the DFlash draft lacks the tensor {name!r}, "
+                                "which its config requires")
+            if t.shape != shape:
+                raise PlanError(f"{t.origin}: DFlash tensor {name!r} has shape "
+                                f"{list(t.shape)}, its config implies {list(shape)}")
+        plans += draft.plans()
+    if source.draft_vocab is not None:
+        plans += source.draft_vocab.plans()
+    return plans
+
+
 def _check_source(t: SourceTensor, scheme: str) -> None:
     dtype = t.dtype  # raises for dtypes the converter cannot read
-    if t.layout == "plain" and not dtype.is_floating_point:
+    if t.layout == "plain" and not dtype.is_floating_point and scheme != "int64":
         raise PlanError(f"{t.origin}: tensor {t.name!r} is {dtype} but not an NVFP4 weight "
                         "(no weight_scale next to it)")
     if t.layout == "nvfp4" and scheme == "groupwise-int":
@@ -158,14 +200,15 @@ def plan_outputs(source: ModelSource, options: BuildOptions) -> list[OutputTenso
     """Every output tensor with its shape and scheme; raises PlanError before any work if the
     source cannot provide them."""
     cfg = source.config
-    tensors = source.store.tensors
     try:
-        plans = plan_tensors(cfg, set(tensors), include_mtp=options.include_mtp,
+        plans = plan_tensors(cfg, set(source.store.tensors), include_mtp=options.include_mtp,
                              include_vision=options.include_vision)
     except KeyError as e:
         raise PlanError(f"{source.where}: the checkpoint lacks the tensor {e.args[0]!r}, which "
                         "its config requires") from None
+    plans += _extra_plans(source)
     expected = expected_shapes(cfg, options)
+    tensors = source_store(source).tensors
     outputs = []
     for plan in plans:
         sources = tuple(tensors[s] for s in plan.sources)
@@ -295,6 +338,8 @@ def manifest(source: ModelSource, options: BuildOptions) -> dict[str, Any]:
         "generation_config": source.generation_config,
         "chat_template": source.chat_template,
         "options": opts,
+        "dflash": None if source.dflash is None else source.dflash.manifest(),
+        "draft_head": None if source.draft_vocab is None else source.draft_vocab.record,
     }
 
 
@@ -312,6 +357,7 @@ def build(source: ModelSource, path: Path, options: BuildOptions,
     if source.tokenizer_json is not None:
         blobs["tokenizer_json"] = source.tokenizer_json.encode()
     specs = [WeightSpec(o.name, o.scheme, o.shape) for o in outputs]
+    store = source_store(source)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         writer = ArtifactWriter(path, manifest(source, options), specs,
@@ -322,7 +368,7 @@ def build(source: ModelSource, path: Path, options: BuildOptions,
         for name, data in blobs.items():
             writer.write_blob(name, data)
         for out in outputs:
-            parts, error = convert_tensor(out, source.store.load, options.device)
+            parts, error = convert_tensor(out, store.load, options.device)
             writer.write_weight(out.name, parts, error)
             del parts
             if on_progress is not None:

@@ -29,6 +29,7 @@ DTYPES: dict[str, torch.dtype] = {
     "BF16": torch.bfloat16,
     "F16": torch.float16,
     "F32": torch.float32,
+    "I64": torch.int64,
     "U8": torch.uint8,
     "F8_E4M3": torch.float8_e4m3fn,
 }

@@ -1,10 +1,13 @@
 """`ninfer-convert`: build a `.ninfer` artifact from a checkpoint, or inspect one.
 
     ninfer-convert build SOURCE --weights {bf16,groupwise-int,nvfp4} [-o out/NAME.ninfer]
+                         [--dflash DRAFT] [--lm-head-draft [--draft-vocab N]
+                         [--draft-vocab-text FILE]]
     ninfer-convert inspect FILE
 
 SOURCE is a registered profile (fetched from its hub repo, or `--random-init`), a hub repo id
-`org/name`, or a checkpoint directory. Every refused input ends in one line on stderr and exit
+`org/name`, or a checkpoint directory. DRAFT is a DFlash draft checkpoint (directory or hub
+repo id, z-lab format) or `random`. Every refused input ends in one line on stderr and exit
 status 1, with nothing left at the output path.
 """
 
@@ -18,6 +21,8 @@ import torch
 
 from ninfer_convert.build import BuildOptions, build, check_output_path, plan_outputs
 from ninfer_convert.checkpoint import ConvertError
+from ninfer_convert.dflash import with_dflash
+from ninfer_convert.draft_vocab import DEFAULT_SIZE, with_draft_vocab
 from ninfer_convert.progress import byte_progress
 from ninfer_convert.sources import open_source
 from ninfer_runtime.artifact import ArtifactError
@@ -64,17 +69,39 @@ def main() -> None:
 @click.option("--no-vision", is_flag=True, help="Leave out the vision tower.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True, help="Where to quantize.")
+@click.option("--dflash", "dflash", metavar="DRAFT",
+              help="Pack a DFlash draft: a z-lab checkpoint directory, a hub repo id, or "
+                   "'random' (random weights shaped for the target, seeded by --seed).")
+@click.option("--dflash-revision", help="Hub branch, tag or commit of the --dflash draft.")
+@click.option("--lm-head-draft", is_flag=True,
+              help="Add a compact draft head: the lm_head rows of a vocabulary subset.")
+@click.option("--draft-vocab", type=int, metavar="N",
+              help=f"Tokens in the draft head, special tokens and eos ids included "
+                   f"(default {DEFAULT_SIZE}).")
+@click.option("--draft-vocab-text", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Choose the draft head's tokens by frequency in this text (default: by BPE "
+                   "rank).")
 def build_command(source: str, weights: str, output: Path | None, random_init: bool, seed: int,
                   revision: str | None, lm_head: str, mtp: str, no_mtp: bool, no_vision: bool,
-                  device: str) -> None:
+                  device: str, dflash: str | None, dflash_revision: str | None,
+                  lm_head_draft: bool, draft_vocab: int | None,
+                  draft_vocab_text: Path | None) -> None:
     """Convert SOURCE (profile, org/name repo id, or directory) into a .ninfer artifact."""
     path = output or default_output(source, weights)
     try:
         options = BuildOptions(weights=weights, lm_head=lm_head, mtp=mtp,
                                include_mtp=not no_mtp, include_vision=not no_vision,
                                device=resolve_device(device))
+        if not lm_head_draft and (draft_vocab is not None or draft_vocab_text is not None):
+            raise ConvertError("--draft-vocab and --draft-vocab-text need --lm-head-draft")
+        if dflash is None and dflash_revision is not None:
+            raise ConvertError("--dflash-revision needs --dflash")
         check_output_path(path)
         model = open_source(source, random_init=random_init, seed=seed, revision=revision)
+        if dflash is not None:
+            model = with_dflash(model, dflash, seed=seed, revision=dflash_revision)
+        if lm_head_draft:
+            model = with_draft_vocab(model, draft_vocab or DEFAULT_SIZE, draft_vocab_text)
         if model.tokenizer_json is None:
             click.echo(f"warning: {model.where} has no tokenizer.json; the artifact will carry "
                        "no tokenizer", err=True)

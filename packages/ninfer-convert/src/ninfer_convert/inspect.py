@@ -14,6 +14,7 @@ import torch
 
 from ninfer_runtime.artifact import Artifact
 from ninfer_runtime.config import FULL_ATTENTION, ConfigError, ModelConfig
+from ninfer_runtime.models.dflash import DFlashConfig, DFlashConfigError
 from ninfer_runtime.quant import PackedWeight
 
 
@@ -29,6 +30,8 @@ def describe(path: str | Path, *, verify: bool = False) -> str:
         ("weights", a.weights_id),
         ("source", _source(m)),
         *_model_facts(m["config"]),
+        ("dflash", _dflash(m.get("dflash"))),
+        ("draft head", _draft_head(m.get("draft_head"))),
         ("tokenizer", _present(a.tokenizer_json)),
         ("chat template", _present(a.chat_template)),
         ("generation", _pairs(a.generation_config)),
@@ -87,6 +90,34 @@ def _model_facts(hf: dict[str, Any]) -> list[tuple[str, str]]:
     facts.append(("vision", f"depth {vision.get('depth')}, hidden {vision.get('hidden_size')}"
                   if vision else "none"))
     return facts
+
+
+def _dflash(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "none"
+    try:
+        c = DFlashConfig.from_dict(entry["config"])
+    except (DFlashConfigError, KeyError, TypeError) as e:
+        return f"draft config NInfer cannot run: {e}"
+    kinds = Counter("sliding" if w else "full" for w in map(c.window, range(c.num_layers)))
+    layers = " + ".join(f"{n} {k}" for k, n in kinds.items())
+    window = f", window {c.sliding_window}" if c.sliding_window else ""
+    scaling = f" ({c.rope_scaling['rope_type']})" if c.rope_scaling else ""
+    return (f"{c.num_layers} layers ({layers}{window}), hidden {c.hidden_size}, "
+            f"{c.num_attention_heads} q / {c.num_key_value_heads} kv heads x {c.head_dim}, "
+            f"intermediate {c.intermediate_size}, block {c.block_size}, mask "
+            f"{c.mask_token_id}, taps {list(c.target_layer_ids)}, rope theta "
+            f"{c.rope_theta:g}{scaling}; from {_source(entry)}")
+
+
+def _draft_head(record: dict[str, Any] | None) -> str:
+    if record is None:
+        return "none"
+    text = f"{record.get('size')} tokens by {record.get('method')}"
+    calibration = record.get("calibration")
+    if calibration:
+        text += f" ({calibration.get('file')}, {calibration.get('tokens')} tokens)"
+    return text + f", {record.get('always_included')} added tokens and eos ids always in"
 
 
 def _present(text: str | None) -> str:

@@ -26,7 +26,9 @@ Outside the layers: embed_tokens.weight, norm.weight and lm_head.weight keep the
 (mtp.layers.0 is a full-attention layer); visual.* comes from model.visual.* as is.
 
 [Q] marks the linear weights that take the body's quantization (`group` says which choice
-applies: "body", "lm_head" or "mtp"); every other tensor stays bf16 (fp32 for A_log, dt_bias).
+applies: "body", "lm_head" or "mtp"); every other tensor stays bf16 (fp32 for A_log, dt_bias;
+int64 for token ids such as draft_head.token_ids). The DFlash draft's names are in
+ninfer_convert.dflash, the draft head's in ninfer_convert.draft_vocab.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Literal
 from ninfer_runtime.config import FULL_ATTENTION, ModelConfig
 
 Combine = Literal["one", "concat", "stack", "stack_concat", "squeeze1"]
-Group = Literal["body", "lm_head", "mtp", "keep", "fp32"]
+Group = Literal["body", "lm_head", "mtp", "keep", "fp32", "int64"]
 
 TEXT_PREFIXES = ("model.language_model.", "model.")
 VISION_PREFIXES = ("model.visual.", "visual.")
@@ -130,6 +132,12 @@ def _layer_plans(cfg: ModelConfig, src: str, dst: str, full: bool, names: set[st
     ]
 
 
+def lm_head_source(names: set[str]) -> str:
+    """The HF tensor lm_head.weight is built from: its own, or the embedding when tied."""
+    return "lm_head.weight" if "lm_head.weight" in names else \
+        _text_prefix(names) + "embed_tokens.weight"
+
+
 def plan_tensors(cfg: ModelConfig, names: set[str], *, include_mtp: bool = True,
                  include_vision: bool = True) -> list[TensorPlan]:
     """The NInfer tensors of a checkpoint whose tensor names are `names`, in write order.
@@ -142,8 +150,7 @@ def plan_tensors(cfg: ModelConfig, names: set[str], *, include_mtp: bool = True,
         plans += _layer_plans(cfg, f"{text}layers.{i}.", f"layers.{i}.", kind == FULL_ATTENTION,
                               names, "body")
     plans.append(TensorPlan("norm.weight", (text + "norm.weight",), "one", "keep"))
-    head = "lm_head.weight" if "lm_head.weight" in names else text + "embed_tokens.weight"
-    plans.append(TensorPlan("lm_head.weight", (head,), "one", "lm_head"))
+    plans.append(TensorPlan("lm_head.weight", (lm_head_source(names),), "one", "lm_head"))
     if include_mtp and cfg.mtp_num_hidden_layers and "mtp.fc.weight" in names:
         plans += [
             TensorPlan("mtp.fc.weight", ("mtp.fc.weight",), "one", "mtp"),

@@ -13,9 +13,10 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -24,6 +25,10 @@ from ninfer_convert.checkpoint import DTYPES, Checkpoint, ConvertError, SourceTe
 from ninfer_runtime.config import FULL_ATTENTION, ConfigError, ModelConfig
 from ninfer_runtime.profiles import PROFILES, Profile
 from ninfer_runtime.tokenizer import load_standin
+
+if TYPE_CHECKING:
+    from ninfer_convert.dflash import DFlashSource
+    from ninfer_convert.draft_vocab import DraftVocab
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 TEXT = "model.language_model."
@@ -41,6 +46,21 @@ class TensorStore(Protocol):
     def load(self, name: str) -> dict[str, torch.Tensor]: ...
 
 
+class MergedStore:
+    """Several stores as one; each store's tensor names get its prefix ("" keeps them)."""
+
+    def __init__(self, stores: dict[str, TensorStore]):
+        self._stores = stores
+        self.tensors = {prefix + name: replace(t, name=prefix + name)
+                        for prefix, store in stores.items() for name, t in store.tensors.items()}
+
+    def load(self, name: str) -> dict[str, torch.Tensor]:
+        for prefix, store in self._stores.items():
+            if prefix and name.startswith(prefix):
+                return store.load(name[len(prefix):])
+        return self._stores[""].load(name)
+
+
 @dataclass(frozen=True)
 class ModelSource:
     hf_config: dict[str, Any]
@@ -51,6 +71,8 @@ class ModelSource:
     origin: dict[str, Any]  # the manifest's "source": kind + repo_id/revision, path or seed
     profile: str | None
     quantized: str | None = None  # "modelopt-nvfp4" for a ModelOpt NVFP4 export
+    dflash: DFlashSource | None = None  # a DFlash draft to pack (--dflash)
+    draft_vocab: DraftVocab | None = None  # the draft head's vocabulary (--lm-head-draft)
 
     @property
     def random_init(self) -> bool:
@@ -133,7 +155,7 @@ def random_source(profile: Profile, seed: int) -> ModelSource:
         generation_config=profile.generation_config,
         tokenizer_json=tokenizer_json,
         chat_template=template,
-        store=RandomTensors(profile.config, seed),
+        store=RandomTensors(hf_layout(profile.config), seed),
         origin={"kind": "random-init", "seed": seed},
         profile=profile.name,
     )
@@ -268,21 +290,26 @@ def _vision_layout(config: dict[str, Any]) -> dict[str, tuple[Shape, str]]:
     return {VISION + n: (s, "BF16") for n, s in shapes.items()}
 
 
-class RandomTensors:
-    """Tensors of `hf_layout(cfg)` drawn on demand; tensor `name` depends only on (seed, name).
+Draw = Callable[[str, int, Shape, torch.Generator], torch.Tensor]
 
-    Initialisation follows the trained model's conventions closely enough that a random model
-    runs with sane activations: N(0, 0.02) for linears and embeddings, small values around 0 for
-    the (1 + w) RMSNorms, 1 for the GDN gated norm and LayerNorm scales, 0 for biases,
-    A = exp(A_log) uniform in [1, 16] and dt_bias = softplus^-1(dt), dt log-uniform in
-    [1e-3, 1e-1] (the Mamba-2 initialisation).
+
+class RandomTensors:
+    """Tensors of a layout (name -> (shape, dtype tag), e.g. `hf_layout(cfg)`) drawn on demand;
+    tensor `name` depends only on (seed, name).
+
+    `draw` gives the values; the default `_draw` follows the trained Qwen3.5 conventions closely
+    enough that a random model runs with sane activations: N(0, 0.02) for linears and
+    embeddings, small values around 0 for the (1 + w) RMSNorms, 1 for the GDN gated norm and
+    LayerNorm scales, 0 for biases, A = exp(A_log) uniform in [1, 16] and
+    dt_bias = softplus^-1(dt), dt log-uniform in [1e-3, 1e-1] (the Mamba-2 initialisation).
     """
 
     CHUNK = 1 << 24  # elements drawn at once, bounding the fp32 temporaries
 
-    def __init__(self, cfg: ModelConfig, seed: int):
+    def __init__(self, layout: dict[str, tuple[Shape, str]], seed: int, draw: Draw | None = None):
         self.seed = seed
-        self._layout = hf_layout(cfg)
+        self._layout = layout
+        self._draw = draw or _draw
         origin = f"random-init(seed={seed})"
         self.tensors = {
             name: SourceTensor(name, shape, tag, "plain",
@@ -298,7 +325,7 @@ class RandomTensors:
         flat = out.view(-1)
         for start in range(0, flat.numel(), self.CHUNK):
             n = min(self.CHUNK, flat.numel() - start)
-            flat[start:start + n] = _draw(name, n, shape, gen)
+            flat[start:start + n] = self._draw(name, n, shape, gen)
         return {"weight": out}
 
 

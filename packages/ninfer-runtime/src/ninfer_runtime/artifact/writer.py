@@ -49,6 +49,8 @@ REQUIRED_KEYS = ("weights_id", "source", "config")
 OPTIONAL_KEYS: dict[str, Any] = {  # with their defaults; random_init defaults to the source kind
     "profile": None, "random_init": None, "generation_config": {}, "chat_template": None,
     "options": {},
+    "dflash": None,  # the DFlash draft packed under dflash.* (models.dflash.DFlashConfig)
+    "draft_head": None,  # how draft_head.token_ids were chosen (--lm-head-draft)
 }
 
 

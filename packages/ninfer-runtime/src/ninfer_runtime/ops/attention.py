@@ -1,4 +1,5 @@
-"""Attention over a paged KV cache: storing new keys/values, and causal GQA attention.
+"""Attention over a paged KV cache: storing new keys/values, and GQA attention (causal by
+default; non-causal and sliding-window for the DFlash draft).
 
 The cache of one full-attention layer is two tensors [num_pages, page_size, nkv, head_dim]
 (K and V), either unquantized (the compute dtype) or int8 with fp16 scales
@@ -8,6 +9,10 @@ offset p % page_size. The flat slot of a token is page * page_size + offset.
 
 The sigmoid output gate of Qwen3.5's gated attention is an elementwise multiply on the output:
 `paged_attention` applies it when given (`gate`), which the kernel does in its epilogue for free.
+
+Visibility (`visible_keys`): a query at position p sees key position n when n <= p (causal) or
+any stored n (non-causal: the DFlash draft's block queries see the whole block), and with a
+window w only keys with p - n < w (and n - p < w when non-causal: z-lab's reference mask).
 
 Kernels (CUDA, or NINFER_OPS=triton): `store_kv` quantizes and scatters every token's K and V in
 one launch. `paged_attention` is one FlashAttention-2-style kernel for decode rows, prompt chunks
@@ -48,22 +53,37 @@ MIN_SPLIT_TOKENS = 256  # fewer keys than this per split cost more in merging th
 WAVES = 2  # programs to aim for, per multiprocessor, before splitting stops
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     scale: float) -> torch.Tensor:
-    """softmax(q k^T * scale + causal mask) v with GQA, for one sequence.
+def visible_keys(t: int, s: int, *, causal: bool = True, window: int | None = None,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+    """[t, s] bool, True where query i (at position s - t + i) may attend to key position n."""
+    pos = torch.arange(s - t, s, device=device)[:, None]
+    n = torch.arange(s, device=device)[None, :]
+    mask = torch.ones(t, s, dtype=torch.bool, device=device)
+    if causal:
+        mask &= n <= pos
+    if window is not None:
+        mask &= pos - n < window
+        if not causal:
+            mask &= n - pos < window
+    return mask
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *,
+                     causal: bool = True, window: int | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v with GQA, for one sequence (causal by default).
 
     q [T, nq, d] are the queries of the last T positions of a sequence whose keys and values
     (including those T positions) are k, v [S, nkv, d], S >= T: query i sits at position
-    S - T + i and sees keys 0 .. S - T + i. Query head h reads kv head h // (nq // nkv).
-    Returns [T, nq, d] in q.dtype.
+    S - T + i and sees keys 0 .. S - T + i (see `visible_keys` for `causal` and `window`).
+    Query head h reads kv head h // (nq // nkv). Returns [T, nq, d] in q.dtype.
     """
     t, s = q.shape[0], k.shape[0]
     if s < t:
         raise ValueError(f"{t} queries need at least as many cached keys, got {s}")
     # [heads, len, d] for SDPA; the mask is True where attention is allowed.
     mask = None
-    if t > 1:
-        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
+    if (t > 1 and causal) or window is not None:
+        mask = visible_keys(t, s, causal=causal, window=window, device=q.device)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],
@@ -113,27 +133,33 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
                     page_tables: torch.Tensor, cu_seqlens: torch.Tensor,
                     context_lens: torch.Tensor, scale: float,
-                    gate: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention of B sequences' new queries over their paged keys and values.
+                    gate: torch.Tensor | None = None, *, causal: bool = True,
+                    window: int | None = None) -> torch.Tensor:
+    """Attention of B sequences' new queries over their paged keys and values.
 
     q [N, nq, d] holds the sequences' queries back to back: sequence b owns rows
     cu_seqlens[b] .. cu_seqlens[b+1] ([B+1]), the last positions of its context_lens[b] ([B])
     tokens, whose K/V (these positions included) are already stored in the pages of
     page_tables[b] ([B, max_pages], unused entries arbitrary). With `gate` [N, nq, d] the
-    result is multiplied by sigmoid(gate). Returns [N, nq, d] in q.dtype.
+    result is multiplied by sigmoid(gate). `causal` and `window` as in `visible_keys`.
+    Returns [N, nq, d] in q.dtype.
     """
+    if window is not None and window < 1:
+        raise ValueError(f"attention window {window} must be at least 1")
     if use_triton(q, k_cache, page_tables, cu_seqlens, context_lens) and _kernel_fits(q, k_cache):
         return _paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, page_tables,
-                                       cu_seqlens, context_lens, scale, gate)
+                                       cu_seqlens, context_lens, scale, gate, causal=causal,
+                                       window=window)
     return paged_attention_ref(q, k_cache, v_cache, k_scale, v_scale, page_tables, cu_seqlens,
-                               context_lens, scale, gate)
+                               context_lens, scale, gate, causal=causal, window=window)
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
                         page_tables: torch.Tensor, cu_seqlens: torch.Tensor,
                         context_lens: torch.Tensor, scale: float,
-                        gate: torch.Tensor | None = None) -> torch.Tensor:
+                        gate: torch.Tensor | None = None, *, causal: bool = True,
+                        window: int | None = None) -> torch.Tensor:
     """The torch reference of `paged_attention`: gathers and dequantizes each sequence."""
     page_size = k_cache.shape[1]
     out = torch.empty_like(q)
@@ -145,7 +171,7 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         pages = page_tables[b, :-(-length // page_size)]
         k = gather_kv(k_cache, k_scale, pages, length, q.dtype)
         v = gather_kv(v_cache, v_scale, pages, length, q.dtype)
-        out[lo:hi] = causal_attention(q[lo:hi], k, v, scale)
+        out[lo:hi] = causal_attention(q[lo:hi], k, v, scale, causal=causal, window=window)
     return out if gate is None else out * torch.sigmoid(gate)
 
 
@@ -295,21 +321,23 @@ if triton is not None:
         return lo
 
     @triton.autotune(configs=_configs(),
-                     key=["BLOCK_M", "GROUP_HEADS", "HEAD_DIM", "QUANT", "NUM_SPLITS"],
+                     key=["BLOCK_M", "GROUP_HEADS", "HEAD_DIM", "QUANT", "NUM_SPLITS", "CAUSAL",
+                          "HAS_WINDOW"],
                      prune_configs_by={"early_config_prune": _prune_configs})
     @triton.jit
     def _paged_attention_kernel(
         q, stride_qt, stride_qh, k_cache, v_cache, k_scale, v_scale,
         page_tables, stride_pt, cu_seqlens, context_lens, num_seqs, num_kv_heads, qk_scale,
         out, stride_ot, stride_oh, gate, stride_gt, stride_gh, part_out, part_lse,
-        min_split_tokens,
+        min_split_tokens, window,
         GROUP_HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
         NUM_SPLITS: tl.constexpr, QUANT: tl.constexpr, HAS_GATE: tl.constexpr,
-        DOT_PRECISION: tl.constexpr,
+        CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ):
         """Program (block, kv head, split): rows r of the tile are query token r // GROUP_HEADS
-        of the block and q head kv_head * GROUP_HEADS + r % GROUP_HEADS."""
+        of the block and q head kv_head * GROUP_HEADS + r % GROUP_HEADS. Keys are walked over
+        [kv_start, kv_end): what the block's rows can see at all (visible_keys)."""
         BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_HEADS
         block = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -326,15 +354,20 @@ if triton is not None:
         tok = first + rows // GROUP_HEADS  # [BLOCK_M] query token (row of q)
         head = kv_head * GROUP_HEADS + rows % GROUP_HEADS
         valid = (rows < BLOCK_Q * GROUP_HEADS) & (tok < seq_end)
-        pos = context - (seq_end - tok)  # each row's position: it sees keys 0 .. pos
-        kv_end = context - (seq_end - tl.minimum(first + BLOCK_Q, seq_end))
+        pos = context - (seq_end - tok)  # each row's position (causal: it sees keys 0 .. pos)
+        kv_end = context
+        if CAUSAL:  # the block's last row sees the furthest
+            kv_end = context - (seq_end - tl.minimum(first + BLOCK_Q, seq_end))
+        kv_start = 0
+        if HAS_WINDOW:  # the first row's window starts earliest
+            kv_start = tl.maximum(context - (seq_end - first) - window + 1, 0)
         if NUM_SPLITS == 1:
-            kv_lo = 0
+            kv_lo = kv_start
             kv_hi = kv_end
         else:
-            split_len = tl.maximum(tl.cdiv(kv_end, NUM_SPLITS), min_split_tokens)
+            split_len = tl.maximum(tl.cdiv(kv_end - kv_start, NUM_SPLITS), min_split_tokens)
             split_len = tl.cdiv(split_len, BLOCK_N) * BLOCK_N
-            kv_lo = split * split_len
+            kv_lo = kv_start + split * split_len
             kv_hi = tl.minimum(kv_lo + split_len, kv_end)
 
         d = tl.arange(0, HEAD_DIM)
@@ -352,7 +385,13 @@ if triton is not None:
             kt = _kv_tile(k_cache, k_scale, slots, in_range, kv_head, num_kv_heads,
                           q.dtype.element_ty, BLOCK_N, HEAD_DIM, GROUP, QUANT)
             s = tl.dot(qt, tl.trans(kt), input_precision=DOT_PRECISION) * qk_scale
-            seen = in_range[None, :] & (n[None, :] <= pos[:, None])
+            seen = in_range[None, :]
+            if CAUSAL:
+                seen = seen & (n[None, :] <= pos[:, None])
+            if HAS_WINDOW:
+                seen = seen & (pos[:, None] - n[None, :] < window)
+                if not CAUSAL:
+                    seen = seen & (n[None, :] - pos[:, None] < window)
             s = tl.where(seen, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # a row with nothing visible yet keeps m = -inf; subtracting 0 keeps exp2 at 0
@@ -367,7 +406,7 @@ if triton is not None:
             m_i = m_new
 
         if NUM_SPLITS == 1:
-            o = acc / l_i[:, None]
+            o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows may see no key
             if HAS_GATE:
                 g = tl.load(gate + tok[:, None] * stride_gt + head[:, None] * stride_gh
                             + d[None, :], mask=valid[:, None], other=0.0)
@@ -394,7 +433,8 @@ if triton is not None:
         part = (t * num_heads + h) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
         d = tl.arange(0, HEAD_DIM)
         lse = tl.load(part_lse + part)
-        w = tl.exp2(lse - tl.max(lse, 0))  # split 0 always sees key 0, so the max is finite
+        # every row sees its own position's key in some split, so the max is finite
+        w = tl.exp2(lse - tl.max(lse, 0))
         o = tl.load(part_out + part[:, None] * HEAD_DIM + d[None, :],
                     mask=(lse > float("-inf"))[:, None], other=0.0)
         o = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
@@ -435,7 +475,8 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
                             page_tables: torch.Tensor, cu_seqlens: torch.Tensor,
                             context_lens: torch.Tensor, scale: float,
-                            gate: torch.Tensor | None = None, *, num_splits: int | None = None,
+                            gate: torch.Tensor | None = None, *, causal: bool = True,
+                            window: int | None = None, num_splits: int | None = None,
                             min_split_tokens: int = MIN_SPLIT_TOKENS) -> torch.Tensor:
     """Launches the attention kernel (and the split merge when the context is split).
     num_splits / min_split_tokens override the plan (tests reach the split path with them)."""
@@ -468,9 +509,10 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         k_scale if quant else k_cache, v_scale if quant else v_cache,
         page_tables, page_tables.stride(0), cu_seqlens, context_lens, num_seqs, nkv,
         scale * LOG2E, out, out.stride(0), out.stride(1), g, g.stride(0), g.stride(1),
-        part_out, part_lse, min_split_tokens,
+        part_out, part_lse, min_split_tokens, 0 if window is None else window,
         GROUP_HEADS=nq // nkv, BLOCK_M=plan.block_m, HEAD_DIM=d, GROUP=group,
         PAGE_SIZE=page_size, NUM_SPLITS=plan.num_splits, QUANT=quant, HAS_GATE=gate is not None,
+        CAUSAL=causal, HAS_WINDOW=window is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     if split:

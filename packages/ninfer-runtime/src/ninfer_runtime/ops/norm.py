@@ -1,4 +1,5 @@
-"""RMSNorm variants of Qwen3.5: zero-centred (1 + w) everywhere, plain w in the GDN gated norm.
+"""RMSNorm variants: Qwen3.5's zero-centred (1 + w) everywhere in the target, plain w in the GDN
+gated norm and, with `unit_offset=False`, in the Qwen3-style DFlash draft.
 
 Each op has a torch reference (`*_ref`: the oracle, and what runs on CPU) and a Triton kernel;
 the public function picks one per call (ops.dispatch). The kernels do what the references do,
@@ -30,19 +31,25 @@ def _normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _scale(weight: torch.Tensor, unit_offset: bool) -> torch.Tensor:
+    return 1.0 + weight.float() if unit_offset else weight.float()
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                 unit_offset: bool = True) -> torch.Tensor:
     """x / rms(x) * (1 + w) over the last dim, in fp32, cast back to x.dtype.
 
-    Qwen3.5 stores these weights zero-centred (initialised to 0), so the scale is 1 + w.
+    Qwen3.5 stores these weights zero-centred (initialised to 0), so the scale is 1 + w;
+    `unit_offset=False` scales by w itself (Qwen3 RMSNorm, as the DFlash draft uses).
     """
-    return (_normalize(x, eps) * (1.0 + weight.float())).to(x.dtype)
+    return (_normalize(x, eps) * _scale(weight, unit_offset)).to(x.dtype)
 
 
-def add_rms_norm_ref(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm_ref(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                     unit_offset: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add and the next norm: (x + h, rms_norm(x + h)), the sum in x.dtype."""
     x = x + h
-    return x, rms_norm_ref(x, weight, eps)
+    return x, rms_norm_ref(x, weight, eps, unit_offset=unit_offset)
 
 
 def gated_rms_norm_ref(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
@@ -56,22 +63,24 @@ def gated_rms_norm_ref(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
     return (normed * F.silu(z.float())).to(x.dtype)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / rms(x) * (1 + w) over the last dim of x [..., D] (see `rms_norm_ref`)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
+             unit_offset: bool = True) -> torch.Tensor:
+    """x / rms(x) * (1 + w) over the last dim of x [..., D]; * w with `unit_offset=False`
+    (see `rms_norm_ref`)."""
     if not use_triton(x, weight):
-        return rms_norm_ref(x, weight, eps)
-    return _launch_rms_norm(_rows(x), None, weight, eps)[1].view(x.shape)
+        return rms_norm_ref(x, weight, eps, unit_offset=unit_offset)
+    return _launch_rms_norm(_rows(x), None, weight, eps, unit_offset)[1].view(x.shape)
 
 
-def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                 unit_offset: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + h, rms_norm(x + h, weight)) in one pass over x [..., D] and h (same shape): the
     residual stream update and the norm that reads it (see `add_rms_norm_ref`)."""
     if not use_triton(x, h, weight):
-        return add_rms_norm_ref(x, h, weight, eps)
+        return add_rms_norm_ref(x, h, weight, eps, unit_offset=unit_offset)
     if x.shape != h.shape:
         raise ValueError(f"add_rms_norm: x {tuple(x.shape)} and h {tuple(h.shape)} differ")
-    residual, out = _launch_rms_norm(_rows(x), _rows(h), weight, eps)
+    residual, out = _launch_rms_norm(_rows(x), _rows(h), weight, eps, unit_offset)
     return residual.view(x.shape), out.view(x.shape)
 
 
@@ -132,8 +141,8 @@ if triton is not None:
     @triton.jit
     def _rms_norm_kernel(x_ptr, h_ptr, res_ptr, w_ptr, out_ptr, n_rows, heads,
                          x_st, x_sh, h_st, h_sh, eps, D: tl.constexpr,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK_R: tl.constexpr,
-                         BLOCK_D: tl.constexpr):
+                         HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_D)
         mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
@@ -147,7 +156,9 @@ if triton is not None:
             tl.store(res_ptr + dst, x, mask=mask)
             x = x.to(tl.float32)
         w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-        y = x * inv_rms(x, D, eps)[:, None] * (1.0 + w)[None, :]
+        if UNIT_OFFSET:
+            w = 1.0 + w
+        y = x * inv_rms(x, D, eps)[:, None] * w[None, :]
         tl.store(out_ptr + dst, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
@@ -174,7 +185,7 @@ if triton is not None:
 
 
 def _launch_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float) -> tuple[torch.Tensor | None, torch.Tensor]:
+                     eps: float, unit_offset: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
     """x, h [T, heads, D] views -> (x + h or None, normed), both contiguous [T, heads, D]."""
     check_rows("rms_norm x", x)
     t, heads, d = x.shape
@@ -193,7 +204,8 @@ def _launch_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tens
     _rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
         x, h if h is not None else x, residual if residual is not None else out, weight, out,
         n_rows, heads, x.stride(0), x.stride(1), *h_strides, eps, D=d,
-        HAS_RESIDUAL=h is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps)
+        HAS_RESIDUAL=h is not None, UNIT_OFFSET=unit_offset, BLOCK_R=block_r, BLOCK_D=block_d,
+        num_warps=num_warps)
     return residual, out
 
 

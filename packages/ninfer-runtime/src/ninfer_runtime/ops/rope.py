@@ -2,7 +2,8 @@
 
 Qwen3.5 uses interleaved mRoPE (t, h, w position components); for text all three components
 are equal and it reduces to this ordinary 1-D RoPE. Vision positions need the mRoPE section map
-and are not handled here.
+and are not handled here. The DFlash draft rotates the whole head with its own theta and, for
+some releases, YaRN scaling (`rope_cos_sin(..., scaling=...)`, Hugging Face's definitions).
 
 Full attention normalises q and k per head (q_norm / k_norm, zero-centred) right before the
 rotation, so `qk_norm_rope` does both for q and k in one kernel launch: each (token, head) row is
@@ -12,6 +13,10 @@ with the reference to fp32 rounding.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -27,14 +32,69 @@ except ImportError:  # CPU-only install: the references still run
     triton = None
 
 
-def rope_cos_sin(positions: torch.Tensor, rotary_dim: int,
-                 theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin tables [T, rotary_dim] (fp32) for integer `positions` [T]."""
-    exponent = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=positions.device)
-    inv_freq = 1.0 / (theta ** (exponent / rotary_dim))
+ROPE_TYPES = ("default", "linear", "yarn")
+
+
+def rope_inv_freq(rotary_dim: int, theta: float, scaling: Mapping[str, Any] | None = None,
+                  device: torch.device | str = "cpu") -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [rotary_dim / 2] (fp32) and the factor cos and sin are scaled by.
+
+    `scaling` is a Hugging Face rope_parameters / rope_scaling dict: rope_type "default",
+    "linear" (factor) or "yarn" (factor, original_max_position_embeddings, beta_fast,
+    beta_slow, attention_factor or mscale / mscale_all_dim, truncate), computed as
+    transformers' `_compute_yarn_parameters` does.
+    """
+    exponent = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim
+    pos_freqs = theta ** exponent
+    kind = (scaling or {}).get("rope_type", "default")
+    if kind == "default":
+        return 1.0 / pos_freqs, 1.0
+    if kind == "linear":
+        return 1.0 / (pos_freqs * float(scaling["factor"])), 1.0
+    if kind != "yarn":
+        raise ValueError(f"rope_type {kind!r} is not supported (supported: "
+                         f"{', '.join(ROPE_TYPES)})")
+    factor = float(scaling["factor"])
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention_factor = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+                            if mscale and mscale_all_dim else _yarn_mscale(factor))
+    original = float(scaling["original_max_position_embeddings"])
+
+    def correction_dim(rotations: float) -> float:
+        """The dim whose wavelength makes `rotations` turns over the original context."""
+        return (rotary_dim * math.log(original / (rotations * 2 * math.pi))
+                / (2 * math.log(theta)))
+
+    low = correction_dim(float(scaling.get("beta_fast") or 32))
+    high = correction_dim(float(scaling.get("beta_slow") or 1))
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001  # the ramp needs a non-empty interval
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32, device=device) - low)
+            / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1 for the high-frequency dims, which keep their frequency
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+    return inv_freq, float(attention_factor)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float,
+                 scaling: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables [T, rotary_dim] (fp32) for integer `positions` [T]; `scaling` as for
+    `rope_inv_freq`."""
+    inv_freq, factor = rope_inv_freq(rotary_dim, theta, scaling, positions.device)
     freqs = positions.float()[:, None] * inv_freq[None, :]
     angles = torch.cat([freqs, freqs], dim=-1)
-    return angles.cos(), angles.sin()
+    if factor == 1.0:
+        return angles.cos(), angles.sin()
+    return angles.cos() * factor, angles.sin() * factor
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -48,22 +108,38 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([out.to(x.dtype), rest], dim=-1)
 
 
+def norm_rope_ref(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  eps: float, *, unit_offset: bool = True) -> torch.Tensor:
+    """apply_rope(rms_norm(x, weight)) for x [T, heads, hd]."""
+    return apply_rope(rms_norm_ref(x, weight, eps, unit_offset=unit_offset), cos, sin)
+
+
 def qk_norm_rope_ref(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
-                     k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
+                     *, unit_offset: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """apply_rope(rms_norm(q, q_weight)) and the same for k: q [T, nq, hd], k [T, nkv, hd]."""
-    return (apply_rope(rms_norm_ref(q, q_weight, eps), cos, sin),
-            apply_rope(rms_norm_ref(k, k_weight, eps), cos, sin))
+    return (norm_rope_ref(q, q_weight, cos, sin, eps, unit_offset=unit_offset),
+            norm_rope_ref(k, k_weight, cos, sin, eps, unit_offset=unit_offset))
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
-                 k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zero-centred RMSNorm per head, then partial RoPE, of q [T, nq, hd] and k [T, nkv, hd]
-    (views with a contiguous last dim) -> contiguous q, k (see `qk_norm_rope_ref`)."""
+                 k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, *,
+                 unit_offset: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm per head (zero-centred; plain w with `unit_offset=False`), then partial RoPE,
+    of q [T, nq, hd] and k [T, nkv, hd] (views with a contiguous last dim) -> contiguous q, k
+    (see `qk_norm_rope_ref`)."""
     if not use_triton(q, k, q_weight, k_weight, cos, sin):
-        return qk_norm_rope_ref(q, k, q_weight, k_weight, cos, sin, eps)
-    return _launch_qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps)
+        return qk_norm_rope_ref(q, k, q_weight, k_weight, cos, sin, eps, unit_offset=unit_offset)
+    return _launch_qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, unit_offset)
+
+
+def norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              eps: float, *, unit_offset: bool = True) -> torch.Tensor:
+    """`qk_norm_rope` for one tensor x [T, heads, hd]: the keys of the DFlash draft's context,
+    which have no queries."""
+    if not use_triton(x, weight, cos, sin):
+        return norm_rope_ref(x, weight, cos, sin, eps, unit_offset=unit_offset)
+    return _launch_qk_norm_rope(None, x, None, weight, cos, sin, eps, unit_offset)[1]
 
 
 if triton is not None:
@@ -71,7 +147,8 @@ if triton is not None:
     @triton.jit
     def _norm_rope_rows(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, block, n_rows, heads,
                         stride_t, stride_h, eps, HD: tl.constexpr, ROT: tl.constexpr,
-                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
+                        UNIT_OFFSET: tl.constexpr, BLOCK_R: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
         """Rows block*BLOCK_R.. of one [T, heads, HD] view: norm, round, rotate, round.
 
         The whole row is loaded for the statistics and the pass-through dims; the two rotary
@@ -88,7 +165,9 @@ if triton is not None:
         x = tl.load(src + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         r = inv_rms(x, HD, eps)[:, None]
         w = tl.load(w_ptr + cols, mask=cols < HD, other=0.0).to(tl.float32)
-        y = x * r * (1.0 + w)[None, :]
+        if UNIT_OFFSET:
+            w = 1.0 + w
+        y = x * r * w[None, :]
         tl.store(dst + cols[None, :], y.to(dtype), mask=mask & (cols >= ROT)[None, :])
 
         half = ROT // 2
@@ -98,8 +177,11 @@ if triton is not None:
         x2 = tl.load(src + half + hcols[None, :], mask=hmask, other=0.0).to(tl.float32)
         w1 = tl.load(w_ptr + hcols, mask=hcols < half, other=0.0).to(tl.float32)
         w2 = tl.load(w_ptr + half + hcols, mask=hcols < half, other=0.0).to(tl.float32)
-        y1 = (x1 * r * (1.0 + w1)[None, :]).to(dtype).to(tl.float32)  # the rounded norm
-        y2 = (x2 * r * (1.0 + w2)[None, :]).to(dtype).to(tl.float32)
+        if UNIT_OFFSET:
+            w1 = 1.0 + w1
+            w2 = 1.0 + w2
+        y1 = (x1 * r * w1[None, :]).to(dtype).to(tl.float32)  # the rounded norm
+        y2 = (x2 * r * w2[None, :]).to(dtype).to(tl.float32)
         table = (rows // heads).to(tl.int64)[:, None] * ROT + hcols[None, :]
         cos1 = tl.load(cos_ptr + table, mask=hmask, other=0.0)
         sin1 = tl.load(sin_ptr + table, mask=hmask, other=0.0)
@@ -111,35 +193,41 @@ if triton is not None:
     @triton.jit
     def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, k_out,
                              n_tokens, nq, nkv, q_st, q_sh, k_st, k_sh, q_blocks, eps,
-                             HD: tl.constexpr, ROT: tl.constexpr, BLOCK_R: tl.constexpr,
-                             BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
+                             HD: tl.constexpr, ROT: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+                             BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                             BLOCK_H: tl.constexpr):
         """The first q_blocks programs take q's rows, the rest k's."""
         pid = tl.program_id(0)
         if pid < q_blocks:
             _norm_rope_rows(q_ptr, qw_ptr, cos_ptr, sin_ptr, q_out, pid, n_tokens * nq, nq,
-                            q_st, q_sh, eps, HD, ROT, BLOCK_R, BLOCK_D, BLOCK_H)
+                            q_st, q_sh, eps, HD, ROT, UNIT_OFFSET, BLOCK_R, BLOCK_D, BLOCK_H)
         else:
             _norm_rope_rows(k_ptr, kw_ptr, cos_ptr, sin_ptr, k_out, pid - q_blocks,
-                            n_tokens * nkv, nkv, k_st, k_sh, eps, HD, ROT, BLOCK_R, BLOCK_D,
-                            BLOCK_H)
+                            n_tokens * nkv, nkv, k_st, k_sh, eps, HD, ROT, UNIT_OFFSET,
+                            BLOCK_R, BLOCK_D, BLOCK_H)
 
 
-def _launch_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
+def _launch_qk_norm_rope(q: torch.Tensor | None, k: torch.Tensor, q_weight: torch.Tensor | None,
                          k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    check_rows("qk_norm_rope q", q)
+                         eps: float, unit_offset: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """q, k -> (q_out, k_out); without q (and q_weight) only k's rows are launched."""
     check_rows("qk_norm_rope k", k)
-    t, nq, hd = q.shape
-    nkv = k.shape[1]
+    t, nkv, hd = k.shape
     rot = cos.shape[-1]
-    assert k.shape == (t, nkv, hd) and k.dtype == q.dtype, f"qk_norm_rope k {k.shape} {k.dtype}"
+    nq = 0
+    if q is not None:
+        check_rows("qk_norm_rope q", q)
+        nq = q.shape[1]
+        assert q.shape == (t, nq, hd) and k.dtype == q.dtype, \
+            f"qk_norm_rope q {q.shape} {q.dtype} vs k {k.shape} {k.dtype}"
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        assert w.shape == (hd,) and w.is_contiguous(), f"qk_norm_rope {name} {w.shape}"
+        assert w is None or (w.shape == (hd,) and w.is_contiguous()), \
+            f"qk_norm_rope {name} {w.shape}"
     for name, table in (("cos", cos), ("sin", sin)):
         assert table.shape == (t, rot) and table.dtype == torch.float32 and \
             table.is_contiguous(), f"qk_norm_rope {name} {table.shape} {table.dtype}"
     assert rot % 2 == 0 and 0 < rot <= hd, f"qk_norm_rope rotary_dim {rot} for head_dim {hd}"
-    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    q_out = None if q is None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if t == 0:
         return q_out, k_out
@@ -147,9 +235,10 @@ def _launch_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
     block_r, block_d, num_warps = row_tile(t * nkv, hd)
     q_blocks = triton.cdiv(t * nq, block_r)
     grid = (q_blocks + triton.cdiv(t * nkv, block_r),)
+    q_args = (k, k_weight, k_out, 0, 0) if q is None else (q, q_weight, q_out, *q.stride()[:2])
     _qk_norm_rope_kernel[grid](
-        q, k, q_weight, k_weight, cos, sin, q_out, k_out, t, nq, nkv,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), q_blocks, eps,
-        HD=hd, ROT=rot, BLOCK_R=block_r, BLOCK_D=block_d,
+        q_args[0], k, q_args[1], k_weight, cos, sin, q_args[2], k_out, t, nq, nkv,
+        q_args[3], q_args[4], k.stride(0), k.stride(1), q_blocks, eps,
+        HD=hd, ROT=rot, UNIT_OFFSET=unit_offset, BLOCK_R=block_r, BLOCK_D=block_d,
         BLOCK_H=triton.next_power_of_2(rot // 2), num_warps=num_warps)
     return q_out, k_out

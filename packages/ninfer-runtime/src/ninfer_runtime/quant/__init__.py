@@ -8,6 +8,7 @@ the plain torch reference every kernel is tested against; quantization lives in 
 |-----------------|-----------------------------------------------------------------------------|
 | bf16            | weight: bf16 [..., out, in]                                                 |
 | fp32            | weight: fp32 (A_log, dt_bias)                                               |
+| int64           | weight: int64 (not a weight: token ids, e.g. the draft head's vocabulary)   |
 | nvfp4           | weight: uint8 [..., out, in/2] (two E2M1 codes per byte, ModelOpt order);   |
 |                 | weight_scale: float8_e4m3fn [..., out, in/16]; weight_scale_2: fp32 [..., out] |
 |                 | (the per-tensor global scale, repeated per output row so fused tensors keep  |
@@ -55,6 +56,7 @@ SCHEMES: dict[str, Scheme] = {
     for s in (
         Scheme("bf16", ("weight",), _plain(torch.bfloat16), lambda p: p["weight"]),
         Scheme("fp32", ("weight",), _plain(torch.float32), lambda p: p["weight"]),
+        Scheme("int64", ("weight",), _plain(torch.int64), lambda p: p["weight"]),
         Scheme("nvfp4", nvfp4.ROLES, nvfp4.stored_specs, nvfp4.dequantize),
         Scheme("groupwise-int", groupwise_int.ROLES, groupwise_int.stored_specs,
                groupwise_int.dequantize),
