@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 import uvicorn
 
-from ninfer_runtime.engine.config import EngineConfig
+from ninfer_runtime.engine.config import SPEC_METHODS, EngineConfig
 from ninfer_serve.app import create_app
 from ninfer_serve.client import Engine
 from ninfer_serve.config import MAX_BODY_BYTES, ServeConfig
@@ -95,13 +95,21 @@ def _default_device() -> str:
               f"{DEFAULT_MODEL_NAME!r}.")
 @click.option("--no-cuda-graph", "no_cuda_graph", is_flag=True,
               help="Launch decode steps kernel by kernel instead of replaying CUDA graphs.")
+@click.option("--spec", default=EngineConfig.spec, type=click.Choice(SPEC_METHODS),
+              help="Speculative decoding: draft with the model's MTP layer or a DFlash draft, "
+              "verify every draft in one forward (outputs are unchanged).")
+@click.option("--draft-tokens", default=EngineConfig.draft_tokens, type=click.IntRange(min=1),
+              help="Drafts per request per step (with --spec).")
+@click.option("--lm-head-draft", is_flag=True,
+              help="Draft through the artifact's vocabulary-subset draft head (with --spec).")
 @click.option("--max-body-bytes", default=MAX_BODY_BYTES, type=click.IntRange(min=1))
 @click.option("--log-level", default="info",
               type=click.Choice(["debug", "info", "warning", "error"]))
 def main(artifact: Path | None, host: str, port: int, max_context: int, prefill_chunk: int,
          kv_dtype: str, kv_capacity: int | str, max_concurrency: int, max_queue: int,
          device: str | None, api_key: str | None, served_model_name: str | None,
-         no_cuda_graph: bool, max_body_bytes: int, log_level: str) -> None:
+         no_cuda_graph: bool, spec: str, draft_tokens: int, lm_head_draft: bool,
+         max_body_bytes: int, log_level: str) -> None:
     """Serve ARTIFACT (a .ninfer file) over OpenAI-compatible HTTP."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
@@ -109,7 +117,8 @@ def main(artifact: Path | None, host: str, port: int, max_context: int, prefill_
                                      kv_dtype=kv_dtype, kv_capacity=kv_capacity,  # type: ignore[arg-type]
                                      max_concurrency=max_concurrency, max_queue=max_queue,
                                      device=device or _default_device(),
-                                     cuda_graphs=not no_cuda_graph)
+                                     cuda_graphs=not no_cuda_graph, spec=spec,  # type: ignore[arg-type]
+                                     draft_tokens=draft_tokens, lm_head_draft=lm_head_draft)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     name = served_model_name or (artifact.stem if artifact is not None else DEFAULT_MODEL_NAME)

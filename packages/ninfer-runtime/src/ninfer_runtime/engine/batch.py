@@ -4,6 +4,12 @@ A step is a flat batch of tokens: each sequence contributes one segment (one tok
 decodes, a prompt chunk when it prefills), back to back. Linear layers, MLPs and MoE run over
 all tokens at once; attention and the GDN mixer run per segment, over the sequence's KV pages
 and GDN state slot. The model reads nothing else: no globals, no per-layer side channels.
+
+The GDN mixer has two paths: recurrent (token by token, fused; decode and speculative verify)
+and chunked (prompt chunks). A step's leading segments may take the recurrent path and the rest
+the chunked one (`recurrent_tokens`): a decode step is all recurrent; a speculative verify
+segment (a segment with `snapshot_slots`) is always recurrent, because the state after each of
+its tokens must be kept for rollback, so verify segments go first and prompt chunks after them.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ class Segment:
     pages: Sequence[int]
     state_slot: int
     logits: LogitsRows = "last"
+    # speculative verify: the GDN state after token i goes to slot snapshot_slots[i] (distinct
+    # slots; the last one may be state_slot), so that any accepted prefix can be resumed
+    snapshot_slots: Sequence[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +52,13 @@ class StepBatch:
     slot_mapping: torch.Tensor  # [N]: flat KV slot (page * page_size + offset) of each token
     state_slots: torch.Tensor  # [B]: GDN state slot of each sequence
     logits_rows: torch.Tensor  # [R]: rows whose logits the caller needs, in segment order
-    # NOTE: host-side, so layers choose the one-token (decode) kernels without a device sync
-    decode_only: bool = False  # every segment is a single token
+    # [recurrent_tokens]: GDN state slot after each recurrent row (None: the segments' own)
+    snapshot_slots: torch.Tensor | None = None
+    # NOTE: host-side, so layers choose the GDN path without a device sync: rows [0,
+    # recurrent_tokens) of the first recurrent_seqs segments take the recurrent (decode) path,
+    # the others the chunked (prompt) path
+    recurrent_tokens: int = 0
+    recurrent_seqs: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -56,6 +70,17 @@ class StepBatch:
         """Host lists -> one tensor each, copied to `device` once."""
         if not segments:
             raise ValueError("a step needs at least one segment")
+        verify = sum(s.snapshot_slots is not None for s in segments)
+        if any(s.snapshot_slots is not None for s in segments[verify:]):
+            raise ValueError("verify segments (with snapshot slots) must precede the others")
+        for seg in segments[:verify]:
+            assert seg.snapshot_slots is not None
+            if len(seg.snapshot_slots) != len(seg.token_ids):
+                raise ValueError(f"{len(seg.snapshot_slots)} snapshot slots for a segment of "
+                                 f"{len(seg.token_ids)} tokens")
+        # a step of single tokens is all recurrent; otherwise only its verify segments are
+        recurrent = segments if all(len(s.token_ids) == 1 for s in segments) else \
+            segments[:verify]
         tokens: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -89,5 +114,9 @@ class StepBatch:
             slot_mapping=tensor(slots),
             state_slots=tensor([s.state_slot for s in segments]),
             logits_rows=tensor(rows),
-            decode_only=all(len(s.token_ids) == 1 for s in segments),
+            snapshot_slots=tensor([slot for s in recurrent
+                                   for slot in (s.snapshot_slots or [s.state_slot])])
+            if verify else None,
+            recurrent_tokens=sum(len(s.token_ids) for s in recurrent),
+            recurrent_seqs=len(recurrent),
         )

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+SpecMethod = Literal["none", "mtp", "dflash"]
+SPEC_METHODS = ("none", "mtp", "dflash")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -17,6 +20,9 @@ class EngineConfig:
     device: str = "cpu"
     page_size: int = 64  # tokens per KV page
     cuda_graphs: bool = True  # replay decode steps as CUDA graphs (GPU only)
+    spec: SpecMethod = "none"  # speculative decoding: the proposer of draft tokens
+    draft_tokens: int = 3  # K: drafts per request per step (with spec)
+    lm_head_draft: bool = False  # drafts through the artifact's vocabulary-subset draft head
 
     def __post_init__(self) -> None:
         if self.max_context < 2 or self.prefill_chunk < 1 or self.max_concurrency < 1:
@@ -25,3 +31,14 @@ class EngineConfig:
             raise ValueError(f"kv_dtype must be int8 or bf16, got {self.kv_dtype!r}")
         if self.kv_capacity != "auto" and int(self.kv_capacity) < self.page_size:
             raise ValueError(f"kv_capacity {self.kv_capacity} is below one page")
+        if self.spec not in SPEC_METHODS:
+            raise ValueError(f"spec must be one of {', '.join(SPEC_METHODS)}, got {self.spec!r}")
+        if self.draft_tokens < 1:
+            raise ValueError(f"draft_tokens must be >= 1, got {self.draft_tokens}")
+        if self.lm_head_draft and self.spec == "none":
+            raise ValueError("lm_head_draft needs a spec method (mtp or dflash) to draft for")
+
+    @property
+    def spec_tokens(self) -> int:
+        """Draft tokens verified per request per step: K with spec, else 0."""
+        return 0 if self.spec == "none" else self.draft_tokens

@@ -4,7 +4,15 @@ Synchronous and single-threaded (not thread-safe): the caller (the server's engi
 `LLM.generate`) adds and aborts requests and calls `step()` while `has_unfinished()`. A step
 admits what fits (scheduler), builds one StepBatch of every running request's decode token or
 prompt chunk, runs one forward over it, samples the rows that end a prompt or decode, and
-returns a RequestOutput per request that got a token.
+returns a RequestOutput per request that got tokens.
+
+With speculative decoding (config.spec) every decode step is a verify step: a decode-ready
+request's segment is its last sampled token followed by the K drafts its proposer made at the
+end of the previous step, at positions P..P+K. Sampling accepts a prefix of the drafts and adds
+one token of the target's own (engine.sampler.sample_verify, lossless); the GDN state rolls
+back to the last accepted position by an exchange of state slots (engine.spec.rollback); the
+proposer then takes in the committed rows and drafts again. A step may so emit up to K+1
+tokens per request, scanned in order for stop tokens and max_tokens.
 """
 
 from __future__ import annotations
@@ -31,8 +39,10 @@ from ninfer_runtime.engine.request import (
     TokenLogprob,
 )
 from ninfer_runtime.engine.request_state import RequestState
-from ninfer_runtime.engine.sampler import SamplerState, check_sampling, sample
-from ninfer_runtime.engine.scheduler import Schedule, Scheduler
+from ninfer_runtime.engine.sampler import SamplerState, check_sampling, sample_verify
+from ninfer_runtime.engine.scheduler import Scheduler, Work
+from ninfer_runtime.engine.spec import Committed, Proposer, make_proposer
+from ninfer_runtime.engine.spec.rollback import keep_state_after, snapshot_slots
 from ninfer_runtime.engine.state_pool import StatePool
 from ninfer_runtime.engine.stats import IntervalRecorder, StepRecord
 from ninfer_runtime.models.cache import GDNSlots, PagedKV
@@ -52,13 +62,24 @@ def eos_token_ids(generation_config: Mapping[str, Any], cfg: ModelConfig) -> fro
 
 class Engine:
     """`Engine.from_artifact(path, config)` loads a model on config.device; `Engine(model,
-    config)` serves a model already loaded (it runs on the model's device)."""
+    config)` serves a model already loaded (it runs on the model's device). With config.spec,
+    `proposer` drafts the tokens (`make_proposer(config, loaded.drafts)`, as from_artifact
+    does, or any other `Proposer`)."""
 
     def __init__(self, model: Qwen3_5Model, config: EngineConfig, *,
                  tokenizer: Tokenizer | None = None,
                  generation_config: Mapping[str, Any] | None = None,
-                 wall_clock: Callable[[], float] = time.time):
+                 wall_clock: Callable[[], float] = time.time,
+                 proposer: Proposer | None = None):
+        if (proposer is None) != (config.spec == "none"):
+            raise ValueError(f"spec {config.spec!r} with {'no' if proposer is None else 'a'} "
+                             f"proposer: spec decoding needs one (Engine.from_artifact builds "
+                             f"it), plain decoding none")
+        if proposer is not None and proposer.num_drafts != config.draft_tokens:
+            raise ValueError(f"the proposer drafts {proposer.num_drafts} tokens, the config "
+                             f"{config.draft_tokens}")
         self.model = model
+        self.proposer = proposer
         self.model_config = model.config
         self.tokenizer = tokenizer
         self.generation_config = dict(generation_config or {})
@@ -69,22 +90,30 @@ class Engine:
                     else resolve_kv_capacity(config, model.config, model.dtype, model.device))
         self.config = replace(config, kv_capacity=capacity, device=str(model.device),
                               cuda_graphs=config.cuda_graphs and on_gpu)
-        self.caches = model.allocate_cache(capacity // config.page_size, config.page_size,
-                                           config.max_concurrency, config.kv_dtype == "int8")
+        num_pages, int8_kv = capacity // config.page_size, config.kv_dtype == "int8"
+        # a speculative request holds K extra GDN state slots (engine.spec.rollback)
+        self.caches = model.allocate_cache(num_pages, config.page_size,
+                                           config.max_concurrency * (1 + config.spec_tokens),
+                                           int8_kv)
+        if proposer is not None:  # its caches use the target's page ids
+            proposer.allocate(num_pages, config.page_size, int8_kv)
         self.graphs = decode_graphs(model, self.caches, self.config) if self.config.cuda_graphs \
             else None
         self.kv_pool = KVPool([c for c in self.caches if isinstance(c, PagedKV)])
         self.state_pool = StatePool([c for c in self.caches if isinstance(c, GDNSlots)])
         self.scheduler = Scheduler(config.max_concurrency, config.max_context,
-                                   config.prefill_chunk, self.kv_pool, self.state_pool)
+                                   config.prefill_chunk, self.kv_pool, self.state_pool,
+                                   config.spec_tokens)
         self._intervals = IntervalRecorder()
         self._wall_clock = wall_clock
 
     @classmethod
     def from_artifact(cls, path: str | Path, config: EngineConfig) -> Engine:
-        loaded = load_artifact(path, config.device)
+        loaded = load_artifact(path, config.device, mtp=config.spec == "mtp",
+                               lm_head_draft=config.lm_head_draft)
         return cls(loaded.model, config, tokenizer=loaded.tokenizer,
-                   generation_config=loaded.generation_config)
+                   generation_config=loaded.generation_config,
+                   proposer=make_proposer(config, loaded.drafts))
 
     # ---- the contract ----
 
@@ -131,62 +160,130 @@ class Engine:
         for state in schedule.admitted:
             state.first_scheduled = start
             state.stats.queue_seconds = start - state.request.arrival_time
-        batch = self._build(schedule)
+        # decode (verify) segments first: their GDN rows take the recurrent path (engine.batch)
+        work = sorted(schedule.work, key=lambda w: w.prefill)
+        batch = self._build(work)
         prepared = time.perf_counter()
         for state in schedule.admitted:
             state.stats.prepare_seconds = prepared - start
-        sampled = [w for w in schedule.work if w.samples]
+        sampled = [w for w in work if w.samples]
+        hidden, logits, taps = self._forward(batch)
         results = []
-        if self.graphs is not None and self.graphs.can_run(batch):
-            _, logits = self.graphs.run(batch)
-        else:
-            hidden = self.model.forward_batch(batch, self.caches)
-            logits = self.model.logits(hidden[batch.logits_rows]) if sampled else None
         if sampled:
             assert logits is not None
-            results = sample(logits, [w.state.sampler for w in sampled])
+            results = sample_verify(logits, [w.state.sampler for w in sampled],
+                                    [w.drafts for w in sampled])
         now = time.perf_counter()
+        emitted = {w.state.request_id: tokens for w, tokens in zip(sampled, results, strict=True)}
         prefill_tokens = 0
-        for w in schedule.work:
-            w.state.num_computed += len(w.token_ids)
+        for w in work:
             if w.prefill:
+                w.state.num_computed += len(w.token_ids)
                 w.state.stats.computed_prefill_tokens += len(w.token_ids)
                 prefill_tokens += len(w.token_ids)
-        outputs = [self._commit(w.state, token, logprob, now)
-                   for w, (token, logprob) in zip(sampled, results, strict=True)]
+            else:
+                self._accept(w, len(emitted[w.state.request_id]) - 1)
+        outputs = [self._commit(w.state, emitted[w.state.request_id], now) for w in sampled]
+        if self.proposer is not None:
+            self._propose(work, hidden, taps)
         self._intervals.record(StepRecord(
-            wall_start, self._wall_clock(), prefill_tokens, len(outputs),
-            running=len(schedule.work), prefilling=schedule.prefilling,
-            decode_ready=schedule.decode_ready))
+            wall_start, self._wall_clock(), prefill_tokens,
+            sum(len(o.new_token_ids) for o in outputs), running=len(work),
+            prefilling=schedule.prefilling, decode_ready=schedule.decode_ready))
         return outputs
 
     # ---- internals ----
 
-    def _build(self, schedule: Schedule) -> StepBatch:
+    def _build(self, work: list[Work]) -> StepBatch:
         segments = []
-        for w in schedule.work:
+        for w in work:
             assert w.state.slot is not None
-            segments.append(Segment(w.token_ids, w.start, w.state.pages, w.state.slot,
-                                    "last" if w.samples else "none"))
+            verify = self.proposer is not None and not w.prefill
+            segments.append(Segment(
+                w.token_ids, w.start, w.state.pages, w.state.slot,
+                "all" if not w.prefill else "last" if w.samples else "none",
+                snapshot_slots(w.state, len(w.token_ids)) if verify else None))
         return StepBatch.build(segments, self.config.page_size, self.model.device)
 
-    def _commit(self, state: RequestState, token: int, logprob: TokenLogprob | None,
+    def _forward(self, batch: StepBatch
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The target forward of one step: the final-normed hidden of every row [N, H], fp32
+        logits of batch.logits_rows (None when there are none), and the taps the proposer
+        reads (None when it reads none). A step a captured CUDA graph covers replays it."""
+        taps = self.proposer.taps if self.proposer is not None else ()
+        if not taps and self.graphs is not None and self.graphs.can_run(batch):
+            hidden, logits = self.graphs.run(batch)
+            return hidden, logits, None
+        tapped = None
+        if taps:
+            hidden, tapped = self.model.forward_taps(batch, self.caches, taps)
+        else:
+            hidden = self.model.forward_batch(batch, self.caches)
+        rows = batch.logits_rows
+        logits = self.model.logits(hidden[rows]) if rows.shape[0] else None
+        return hidden, logits, tapped
+
+    def _accept(self, w: Work, accepted: int) -> None:
+        """A decode step's outcome: `accepted` of its drafts (and the token before them) are
+        now computed; the GDN state after the last of them becomes current."""
+        state = w.state
+        state.num_computed += accepted + 1
+        drafts = len(w.drafts)
+        if not drafts:
+            return
+        keep_state_after(state, accepted, len(w.token_ids))
+        spec = state.stats.spec
+        spec.rounds += 1
+        spec.drafted_tokens += drafts
+        spec.accepted_tokens += accepted
+        if len(spec.accepted_per_position) < drafts:
+            spec.accepted_per_position.extend([0] * (drafts - len(spec.accepted_per_position)))
+        for i in range(accepted):
+            spec.accepted_per_position[i] += 1
+
+    def _propose(self, work: list[Work], hidden: torch.Tensor,
+                 taps: torch.Tensor | None) -> None:
+        """Tell the proposer what this step committed; store the drafts it returns."""
+        assert self.proposer is not None
+        committed, states, first = [], [], 0
+        for w in work:
+            state = w.state
+            rows = len(w.token_ids) if w.prefill else state.num_computed - w.start
+            if state.request_id in self.scheduler.running:
+                committed.append(Committed(
+                    state.request_id, range(first, first + rows), w.start,
+                    state.token_ids(w.start + 1, w.start + 1 + rows), state.pages,
+                    propose=not state.prefilling))
+                states.append(state)
+            first += len(w.token_ids)
+        for state, drafts in zip(states, self.proposer.propose(hidden, taps, committed),
+                                 strict=True):
+            state.drafts = drafts
+
+    def _commit(self, state: RequestState, tokens: list[tuple[int, TokenLogprob | None]],
                 now: float) -> RequestOutput:
-        """Append a sampled token, update the stats, finish the request if it is done."""
-        state.output.append(token)
+        """Append the emitted tokens in order up to the first that finishes the request (a
+        stop token, or max_tokens), update the stats, finish the request if it is done."""
+        new: list[tuple[int, TokenLogprob | None]] = []
+        reason = None
+        for token, logprob in tokens:
+            state.output.append(token)
+            new.append((token, logprob))
+            reason = self._finish_reason(state, token)
+            if reason is not None:
+                break
         stats = state.stats
-        stats.completion_tokens += 1
+        stats.completion_tokens += len(new)
         if state.first_token is None:
             assert state.first_scheduled is not None
             state.first_token = now
             stats.prefill_seconds = now - state.first_scheduled
         stats.decode_seconds = now - state.first_token
-        reason = self._finish_reason(state, token)
         if reason is not None:
             self.scheduler.finish(state.request_id)
-        return RequestOutput(state.request_id, (token,),
-                             None if logprob is None else (logprob,), reason is not None, reason,
-                             copy.deepcopy(stats))
+        logprobs = None if new[0][1] is None else tuple(lp for _, lp in new if lp is not None)
+        return RequestOutput(state.request_id, tuple(t for t, _ in new), logprobs,
+                             reason is not None, reason, copy.deepcopy(stats))
 
     def _finish_reason(self, state: RequestState, token: int) -> FinishReason | None:
         """"stop" on a stop token (eos unless ignore_eos), "length" at max_tokens. Admission

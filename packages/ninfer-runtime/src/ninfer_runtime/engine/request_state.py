@@ -20,6 +20,8 @@ class RequestState:
     output: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)  # reserved at admission, for every token
     slot: int | None = None  # GDN state slot, set at admission
+    extra_slots: list[int] = field(default_factory=list)  # speculative: K per-position slots
+    drafts: list[int] = field(default_factory=list)  # speculative: to verify in the next step
     num_computed: int = 0
     stats: RequestStats = field(default_factory=RequestStats)
     first_scheduled: float | None = None  # perf_counter() of its first step
@@ -42,10 +44,17 @@ class RequestState:
     def prefilling(self) -> bool:
         return self.num_computed < self.prompt_len
 
+    def token_ids(self, lo: int, hi: int) -> list[int]:
+        """Its tokens at positions lo .. hi-1 (the prompt, then the output)."""
+        prompt = self.request.prompt_token_ids
+        n = len(prompt)
+        return [*prompt[lo:hi], *self.output[max(lo - n, 0):max(hi - n, 0)]]
+
     def next_tokens(self, prefill_chunk: int) -> list[int]:
-        """This step's input: the next prompt chunk, or the last sampled token."""
+        """This step's input: the next prompt chunk, or the last sampled token (followed by
+        the drafts to verify, with speculative decoding)."""
         if self.prefilling:
             prompt = self.request.prompt_token_ids
             return list(prompt[self.num_computed:self.num_computed + prefill_chunk])
         assert self.num_computed == self.prompt_len + len(self.output) - 1, "not decode-ready"
-        return [self.output[-1]]
+        return [self.output[-1], *self.drafts]

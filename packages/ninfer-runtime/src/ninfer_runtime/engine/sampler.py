@@ -8,6 +8,10 @@ row, so its tokens do not depend on what else is in the batch. Nothing waits for
 until the sampled ids (and the requested logprobs) come back in one copy at the end.
 Logprobs are the log_softmax of the raw logits (before penalties and temperature, vLLM's
 default "raw" mode).
+
+Speculative decoding verifies drafts with the same draws (`sample_verify`): a request's row
+for its output token j is sampled with step j and penalties counting the tokens before it, so
+accepting a draft is the event "the plain sampler would have drawn it".
 """
 
 from __future__ import annotations
@@ -81,19 +85,39 @@ def _to(device: torch.device, values: Sequence, dtype: torch.dtype) -> torch.Ten
     return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
-def _penalised(logits: torch.Tensor, states: Sequence[SamplerState]) -> torch.Tensor:
-    """The logits with each penalised row's penalties applied (a copy when any is)."""
-    rows = [i for i, s in enumerate(states) if s.penalized]
+def _penalised(logits: torch.Tensor, states: Sequence[SamplerState],
+               drafts: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The logits with each penalised row's penalties applied (a copy when any is). Request r
+    owns 1 + len(drafts[r]) consecutive rows; its row i counts the output and drafts[r][:i]."""
+    rows, row_states, extra_rows, extra_tokens = [], [], [], []
+    first = 0
+    for state, d in zip(states, drafts, strict=True):
+        n = 1 + len(d)
+        if state.penalized:
+            base = len(rows)
+            rows.extend(range(first, first + n))
+            row_states.extend([state] * n)
+            for i in range(1, n):
+                extra_rows.extend([base + i] * i)
+                extra_tokens.extend(d[:i])
+        first += n
     if not rows:
         return logits
-    sub = [states[i] for i in rows]
-    idx = _to(logits.device, rows, torch.int64)
-    rep, freq, pres = _to(logits.device, [[s.params.repetition_penalty for s in sub],
-                                          [s.params.frequency_penalty for s in sub],
-                                          [s.params.presence_penalty for s in sub]],
+    device = logits.device
+    idx = _to(device, rows, torch.int64)
+    rep, freq, pres = _to(device, [[s.params.repetition_penalty for s in row_states],
+                                   [s.params.frequency_penalty for s in row_states],
+                                   [s.params.presence_penalty for s in row_states]],
                           torch.float32)
-    penalised = apply_penalties(logits.index_select(0, idx), torch.stack([s.prompt for s in sub]),
-                                torch.stack([s.counts for s in sub]), rep, freq, pres)
+    counts = torch.stack([s.counts for s in row_states])
+    if extra_rows:
+        counts.index_put_((_to(device, extra_rows, torch.int64),
+                           _to(device, extra_tokens, torch.int64)),
+                          torch.ones(len(extra_rows), dtype=counts.dtype, device=device),
+                          accumulate=True)
+    penalised = apply_penalties(logits.index_select(0, idx),
+                                torch.stack([s.prompt for s in row_states]), counts, rep, freq,
+                                pres)
     return logits.to(torch.float32, copy=True).index_copy_(0, idx, penalised)
 
 
@@ -101,18 +125,40 @@ def sample(logits: torch.Tensor,
            states: Sequence[SamplerState]) -> list[tuple[int, TokenLogprob | None]]:
     """One token (and its logprobs when asked) per row of logits [R, V], row r drawn with
     states[r], whose step and counts it then advances."""
+    return [emitted[0] for emitted in sample_verify(logits, states, [()] * len(states))]
+
+
+def sample_verify(logits: torch.Tensor, states: Sequence[SamplerState],
+                  drafts: Sequence[Sequence[int]],
+                  ) -> list[list[tuple[int, TokenLogprob | None]]]:
+    """Speculative verification: the tokens (and logprobs) each request emits this step.
+
+    Request r owns 1 + len(drafts[r]) consecutive rows of logits [R, V]; its row i is the
+    target's prediction of output token step + i, given the output so far and drafts[r][:i].
+    Every row is sampled as the plain sampler samples that token (penalties counting the
+    output and the drafts before it, the same temperature and filters, the noise of (seed,
+    step + i)), and the request emits its rows' tokens up to the first that differs from its
+    draft: the accepted drafts, then the target's own token (the correction, or the bonus when
+    every draft is accepted). States advance by the emitted tokens.
+
+    This is the lossless rule for deterministic drafts (specdecode.md D.1): a draft d is
+    accepted with probability p(d), the chance that the row's sample is d, and on rejection
+    the emitted token is the sample conditioned on not being d, i.e. a draw from p without d,
+    renormalised. Each emitted token is a draw from the target's distribution given the true
+    prefix, and since its noise is keyed by its output index exactly as in plain decoding, a
+    seed gives the same tokens with or without speculation (up to the logits' rounding).
+    Greedy rows accept while the draft is the argmax.
+    """
     device, vocab = logits.device, logits.shape[-1]
-    params = [s.params for s in states]
+    row_states = [s for s, d in zip(states, drafts, strict=True) for _ in range(1 + len(d))]
+    offsets = [i for d in drafts for i in range(1 + len(d))]
+    params = [s.params for s in row_states]
     rows = RowSampling.build([p.temperature for p in params], [p.top_k for p in params],
                              [p.top_p for p in params], [p.min_p for p in params],
-                             [s.seed for s in states], [s.step for s in states], vocab, device)
-    tokens = sample_rows(_penalised(logits, states), rows)
-    one = None
-    for i, state in enumerate(states):
-        state.step += 1
-        if state.counts is not None:
-            one = torch.ones(1, dtype=torch.int32, device=device) if one is None else one
-            state.counts.index_add_(0, tokens[i:i + 1], one)
+                             [s.seed for s in row_states],
+                             [s.step + i for s, i in zip(row_states, offsets, strict=True)],
+                             vocab, device)
+    tokens = sample_rows(_penalised(logits, states, drafts), rows)
     asked = [i for i, p in enumerate(params) if p.logprobs is not None]
     host = [tokens.double()]
     top = max((params[i].logprobs for i in asked), default=0)
@@ -124,12 +170,26 @@ def sample(logits: torch.Tensor,
             values, ids = logprobs.topk(top, dim=-1)
             host += [ids.flatten().double(), values.flatten().double()]
     flat = torch.cat(host).tolist()  # the one wait for the device
-    n = len(states)
-    results: list[tuple[int, TokenLogprob | None]] = [(int(t), None) for t in flat[:n]]
+    n = len(row_states)
+    sampled = [int(t) for t in flat[:n]]
     chosen, top_ids = flat[n:n + len(asked)], flat[n + len(asked):]
     top_values = top_ids[len(asked) * top:]
+    row_logprobs: dict[int, TokenLogprob] = {}
     for j, i in enumerate(asked):
         k, base = params[i].logprobs, j * top
         alternatives = tuple((int(top_ids[base + a]), top_values[base + a]) for a in range(k))
-        results[i] = (results[i][0], TokenLogprob(results[i][0], chosen[j], alternatives))
+        row_logprobs[i] = TokenLogprob(sampled[i], chosen[j], alternatives)
+    results = []
+    first = 0
+    for state, d in zip(states, drafts, strict=True):
+        accepted = 0
+        while accepted < len(d) and sampled[first + accepted] == d[accepted]:
+            accepted += 1
+        emitted = range(first, first + accepted + 1)
+        results.append([(sampled[r], row_logprobs.get(r)) for r in emitted])
+        state.step += len(emitted)
+        if state.counts is not None:
+            ids = _to(device, [sampled[r] for r in emitted], torch.int64)
+            state.counts.index_add_(0, ids, torch.ones_like(ids, dtype=state.counts.dtype))
+        first += 1 + len(d)
     return results

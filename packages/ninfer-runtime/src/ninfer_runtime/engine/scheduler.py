@@ -2,13 +2,15 @@
 
 Admission is by memory and strictly first come, first served: the request at the head of the
 queue starts once a state slot is free and the KV pool can reserve every page it may ever need
-(prompt + max_tokens); later requests wait behind it. Because the pages are reserved up front a
+(prompt + max_tokens, + K with speculative decoding, whose verify steps write K/V up to K
+positions ahead; such a request also takes K extra state slots, for rollback); later requests
+wait behind it. Because the pages are reserved up front a
 running request never runs out of KV memory, so there is no preemption and no recomputation. A
 request that could not fit even in an empty engine is refused when it is added.
 
-Each step advances every running request: a decode-ready one by its last sampled token, a
-prefilling one by its next prompt chunk of at most `prefill_chunk` tokens. Both kinds go into
-one forward.
+Each step advances every running request: a decode-ready one by its last sampled token (and
+its drafts), a prefilling one by its next prompt chunk of at most `prefill_chunk` tokens. Both
+kinds go into one forward.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ class Work:
         """Whether this step ends with a new token for the request (its logits are needed)."""
         return self.start + len(self.token_ids) >= self.state.prompt_len
 
+    @property
+    def drafts(self) -> list[int]:
+        """The draft tokens this step verifies (after the last sampled token)."""
+        return [] if self.prefill else self.token_ids[1:]
+
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
@@ -57,12 +64,13 @@ class Schedule:
 
 class Scheduler:
     def __init__(self, max_concurrency: int, max_context: int, prefill_chunk: int,
-                 kv: KVPool, states: StatePool):
+                 kv: KVPool, states: StatePool, spec_tokens: int = 0):
         self.max_concurrency = max_concurrency
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
         self.kv = kv
         self.states = states
+        self.spec_tokens = spec_tokens  # K: extra KV positions and state slots per request
         self.waiting: deque[RequestState] = deque()
         self.running: dict[str, RequestState] = {}  # in admission order
 
@@ -75,20 +83,24 @@ class Scheduler:
             raise AdmissionError(f"prompt ({state.prompt_len} tokens) + max_tokens "
                                  f"({state.request.sampling.max_tokens}) exceeds the maximum "
                                  f"context of {self.max_context} tokens")
-        if self.kv.pages_for(state.max_len) > self.kv.num_pages:
-            raise AdmissionError(f"prompt + max_tokens ({state.max_len} tokens) exceeds the "
-                                 f"KV pool of {self.kv.capacity} tokens")
+        if self.kv.pages_for(self._reserved(state)) > self.kv.num_pages:
+            drafts = f" + {self.spec_tokens} draft tokens" if self.spec_tokens else ""
+            raise AdmissionError(f"prompt + max_tokens ({state.max_len} tokens){drafts} "
+                                 f"exceeds the KV pool of {self.kv.capacity} tokens")
         self.waiting.append(state)
 
     def schedule(self) -> Schedule:
         """Admit what fits, then plan one step for every running request."""
         admitted = []
         while (self.waiting and len(self.running) < self.max_concurrency
-               and self.states.allocator.num_free
-               and self.kv.can_reserve(self.waiting[0].max_len)):
+               and self.states.allocator.num_free > self.spec_tokens
+               and self.kv.can_reserve(self._reserved(self.waiting[0]))):
             state = self.waiting.popleft()
-            state.pages = self.kv.reserve(state.max_len)
+            state.pages = self.kv.reserve(self._reserved(state))
             state.slot = self.states.allocate()
+            # snapshots are written before they are read: no zeroing
+            state.extra_slots = [self.states.allocator.allocate()
+                                 for _ in range(self.spec_tokens)]
             self.running[state.request_id] = state
             admitted.append(state)
         work = tuple(Work(s, s.next_tokens(self.prefill_chunk), s.num_computed)
@@ -107,9 +119,15 @@ class Scheduler:
             return None
         self.kv.release(state.pages)
         assert state.slot is not None
-        self.states.release(state.slot)
-        state.pages, state.slot = [], None
+        for slot in (state.slot, *state.extra_slots):
+            self.states.release(slot)
+        state.pages, state.slot, state.extra_slots = [], None, []
         return state
+
+    def _reserved(self, state: RequestState) -> int:
+        """KV positions reserved for a request: every token it may hold, and the positions a
+        verify step writes beyond its last one."""
+        return state.max_len + self.spec_tokens
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)

@@ -6,7 +6,8 @@ up with their own clocks), contiguous from the first step on, idle seconds inclu
 - computed_prefill_tokens, committed_decode_tokens: prompt tokens computed and tokens generated
   (the first token of a request included) by the steps that ended in the interval;
 - decode_rounds, rows_per_round: the steps that ended in the interval with at least one token
-  generated, and how many tokens each generated (its batch of sampled rows);
+  generated, and how many tokens each generated (one per request, or up to K+1 per request
+  with speculative decoding);
 - running, prefilling, decode_ready: the largest batch composition of any step overlapping the
   interval (a maximum, so a second in which requests came and went shows its peak).
 

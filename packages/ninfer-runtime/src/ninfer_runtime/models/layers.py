@@ -50,26 +50,41 @@ def gated_attention(x: torch.Tensor, w: AttentionWeights, kv: PagedKV, batch: St
 
 def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: StepBatch,
                     cfg: ModelConfig) -> torch.Tensor:
-    """The GDN token mixer: [N, H]. Per segment, one token takes the recurrent (decode) path,
-    several the chunked (prompt) path; both continue from and replace the slot's state."""
+    """The GDN token mixer: [N, H]. The step's leading `recurrent_tokens` rows (decode tokens,
+    speculative verify segments) take the fused recurrent path, the rest (prompt chunks) the
+    chunked path; both continue from and replace the slots' state (or, for verify segments,
+    leave the state after each token in its snapshot slot)."""
     n, nv, dv = x.shape[0], cfg.linear_num_value_heads, cfg.linear_value_head_dim
-    key_dim = cfg.linear_key_dim
     mixed, z = linear(x, w.in_proj_qkvz).split([cfg.conv_dim, cfg.linear_value_dim], dim=-1)
     b, a = linear(x, w.in_proj_ba).chunk(2, dim=-1)
-    if batch.decode_only:  # conv, gating and the recurrent update fused in one pass
-        out = gdn_decode(mixed, a, b, w.conv1d, w.A_log, w.dt_bias, state.conv,
-                         state.recurrent, batch.cu_seqlens, batch.state_slots)
-    else:
-        mixed = causal_conv1d_varlen(mixed, w.conv1d, state.conv, batch.cu_seqlens,
-                                     batch.state_slots)
-        q, k, v = mixed.split([key_dim, key_dim, cfg.linear_value_dim], dim=-1)
-        q = q.reshape(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
-        k = k.reshape(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
-        g, beta = gdn_gating(a, b, w.A_log, w.dt_bias)
-        out = gated_delta_rule_varlen(q, k, v.reshape(n, nv, dv), g, beta, state.recurrent,
-                                      batch.cu_seqlens, batch.state_slots)
+    r, seqs = batch.recurrent_tokens, batch.recurrent_seqs
+    parts = []
+    if r:  # conv, gating and the recurrent update fused in one pass
+        parts.append(gdn_decode(mixed[:r], a[:r], b[:r], w.conv1d, w.A_log, w.dt_bias,
+                                state.conv, state.recurrent, batch.cu_seqlens[:seqs + 1],
+                                batch.state_slots[:seqs], batch.snapshot_slots))
+    if r < n:
+        cu_seqlens = batch.cu_seqlens[seqs:] - r if r else batch.cu_seqlens
+        parts.append(_chunked_gdn(mixed[r:], a[r:], b[r:], w, state, cu_seqlens,
+                                  batch.state_slots[seqs:], cfg))
+    out = parts[0] if len(parts) == 1 else torch.cat(parts)
     out = gated_rms_norm(out, z.reshape(n, nv, dv), w.norm, cfg.rms_norm_eps)
     return linear(out.reshape(n, nv * dv), w.out_proj)
+
+
+def _chunked_gdn(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, w: GDNWeights,
+                 state: GDNSlots, cu_seqlens: torch.Tensor, slots: torch.Tensor,
+                 cfg: ModelConfig) -> torch.Tensor:
+    """The prompt path of the mixer core: varlen conv, gating, chunked delta rule."""
+    n, key_dim = mixed.shape[0], cfg.linear_key_dim
+    mixed = causal_conv1d_varlen(mixed, w.conv1d, state.conv, cu_seqlens, slots)
+    q, k, v = mixed.split([key_dim, key_dim, cfg.linear_value_dim], dim=-1)
+    q = q.reshape(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
+    k = k.reshape(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
+    g, beta = gdn_gating(a, b, w.A_log, w.dt_bias)
+    return gated_delta_rule_varlen(q, k, v.reshape(n, cfg.linear_num_value_heads,
+                                                   cfg.linear_value_head_dim),
+                                   g, beta, state.recurrent, cu_seqlens, slots)
 
 
 def mlp(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
@@ -109,13 +124,25 @@ def decoder_layer(x: torch.Tensor, h: torch.Tensor | None, w: DecoderLayerWeight
 
 
 def run_layers(x: torch.Tensor, layers: Sequence[DecoderLayerWeights],
-               caches: Sequence[LayerCache], batch: StepBatch,
-               cfg: ModelConfig) -> torch.Tensor:
-    """Push the step's tokens x [N, H] through `layers`, each over its cache."""
+               caches: Sequence[LayerCache], batch: StepBatch, cfg: ModelConfig,
+               taps: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """Push the step's tokens x [N, H] through `layers`, each over its cache.
+
+    Returns the residual stream after the last layer [N, H] and the taps: the stream after
+    each layer in `taps` (0-based layer ids, in that order), concatenated [N, len(taps) * H].
+    """
     if len(layers) != len(caches):
         raise ValueError(f"{len(caches)} layer caches for {len(layers)} layers")
+    if any(not 0 <= i < len(layers) for i in taps):
+        raise ValueError(f"tap layer ids {list(taps)} outside the {len(layers)} layers")
     rope = rope_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta)
     h = None
-    for w, cache in zip(layers, caches, strict=True):
+    tapped: dict[int, torch.Tensor] = {}
+    for i, (w, cache) in enumerate(zip(layers, caches, strict=True)):
         x, h = decoder_layer(x, h, w, cache, batch, rope, cfg)
-    return x if h is None else x + h
+        if i in taps:
+            tapped[i] = x + h
+    stream = x if h is None else x + h
+    if not taps:
+        return stream, x.new_empty(x.shape[0], 0)
+    return stream, torch.cat([tapped[i] for i in taps], dim=-1)

@@ -1,17 +1,33 @@
-"""Loading a `.ninfer` artifact into a model, with its tokenizer and generation config."""
+"""Loading a `.ninfer` artifact into a model, with its tokenizer, generation config and, when
+speculative decoding asks for them, its draft models."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ninfer_runtime.models.mtp import Qwen3_5MTP
 from ninfer_runtime.models.qwen3_5 import Qwen3_5Model
 
 if TYPE_CHECKING:
+    from ninfer_runtime.artifact import Artifact
     from ninfer_runtime.tokenizer import Tokenizer
+
+DraftArgmax = Callable[[torch.Tensor], torch.Tensor]  # hidden [R, H] -> full-vocab ids [R]
+
+
+@dataclass(frozen=True)
+class DraftModels:
+    """What speculative proposers draft with, loaded only when the engine config asks: the MTP
+    head (sharing the target's embed_tokens and lm_head), and the compact draft head of
+    --lm-head-draft (`argmax` of a vocabulary subset of lm_head; None: the full lm_head)."""
+
+    mtp: Qwen3_5MTP | None = None
+    draft_argmax: DraftArgmax | None = None
 
 
 @dataclass(frozen=True)
@@ -19,6 +35,7 @@ class LoadedModel:
     model: Qwen3_5Model
     tokenizer: Tokenizer | None  # None when the artifact carries no tokenizer.json
     generation_config: dict[str, Any]
+    drafts: DraftModels = field(default_factory=DraftModels)
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -27,13 +44,44 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def load_artifact(path: str | Path, device: str | torch.device,
-                  dtype: torch.dtype | None = None) -> LoadedModel:
+                  dtype: torch.dtype | None = None, *, mtp: bool = False,
+                  lm_head_draft: bool = False) -> LoadedModel:
+    """The artifact's model on `device`; with `mtp` also its MTP head, with `lm_head_draft`
+    its draft head. An artifact without the asked-for part raises ArtifactError."""
     from ninfer_runtime.artifact import Artifact
     from ninfer_runtime.tokenizer import Tokenizer
 
     artifact = Artifact.open(path)
     device = torch.device(device)
-    model = Qwen3_5Model(artifact.config, artifact.weights(), dtype=dtype or default_dtype(device),
-                         device=device)
+    dtype = dtype or default_dtype(device)
+    model = Qwen3_5Model(artifact.config, artifact.weights(), dtype=dtype, device=device)
     tokenizer = Tokenizer.from_artifact(artifact) if artifact.tokenizer_json else None
-    return LoadedModel(model, tokenizer, dict(artifact.generation_config))
+    drafts = DraftModels(mtp=_load_mtp(artifact, model) if mtp else None,
+                         draft_argmax=_load_draft_head(artifact, model) if lm_head_draft
+                         else None)
+    return LoadedModel(model, tokenizer, dict(artifact.generation_config), drafts)
+
+
+def _load_mtp(artifact: Artifact, model: Qwen3_5Model) -> Qwen3_5MTP:
+    from ninfer_runtime.artifact import ArtifactError
+
+    names = [n for n in artifact.weight_names() if n.startswith("mtp.")]
+    if not names:
+        raise ArtifactError(artifact.path, "--spec mtp needs the MTP layer (mtp.* weights), "
+                            "and this artifact has none (it was built with --no-mtp)")
+    weights = {n: artifact.weight(n) for n in names}
+    # the target's converted tensors: shared, not copied
+    weights |= {"embed_tokens.weight": model.embed_tokens, "lm_head.weight": model.lm_head}
+    return Qwen3_5MTP(artifact.config, weights, dtype=model.dtype, device=model.device)
+
+
+def _load_draft_head(artifact: Artifact, model: Qwen3_5Model) -> DraftArgmax:
+    from ninfer_runtime.artifact import ArtifactError
+    from ninfer_runtime.models.draft_head import DraftHead
+
+    head = DraftHead.load(artifact.weights(), model.dtype, model.device)
+    if head is None:
+        raise ArtifactError(artifact.path, "--lm-head-draft needs a draft head (draft_head.* "
+                            "weights), and this artifact has none (build it with "
+                            "ninfer-convert build ... --lm-head-draft)")
+    return head.argmax

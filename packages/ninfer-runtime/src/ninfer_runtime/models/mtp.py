@@ -18,7 +18,8 @@ from collections.abc import Mapping
 import torch
 
 from ninfer_runtime.config import FULL_ATTENTION, ModelConfig
-from ninfer_runtime.models.cache import SequenceCache
+from ninfer_runtime.engine.batch import StepBatch
+from ninfer_runtime.models.cache import PagedKV, SequenceCache
 from ninfer_runtime.models.layers import run_layers
 from ninfer_runtime.models.weights import DecoderLayerWeights, WeightReader
 from ninfer_runtime.ops.linear import Weight, linear
@@ -54,18 +55,37 @@ class Qwen3_5MTP:
         """An empty MTP cache (the MTP layer's own K/V) for one new sequence."""
         return SequenceCache.empty(self.config, (FULL_ATTENTION,), self.dtype, self.device)
 
-    def forward(self, next_token_ids: torch.Tensor, hidden_prev: torch.Tensor, start_pos: int,
-                cache: SequenceCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """next_token_ids [T] (token t+1 for each position t), hidden_prev [T, H] (the target's
-        final-normed hidden at t), positions start_pos.. -> (hidden [T, H], fp32 logits
-        [T, vocab]). The returned hidden is the h_prev of the next draft step."""
+    def allocate_cache(self, num_pages: int, page_size: int, int8_kv: bool) -> PagedKV:
+        """The MTP layer's K/V for many sequences: `num_pages` pages (a sequence uses the
+        page ids of its target page table, in this separate storage)."""
+        return PagedKV.allocate(self.config, num_pages, page_size, int8=int8_kv,
+                                dtype=self.dtype, device=self.device)
+
+    def forward_batch(self, batch: StepBatch, hidden_prev: torch.Tensor,
+                      kv: PagedKV) -> torch.Tensor:
+        """The MTP's hidden [N, H] (post mtp.norm: the h_prev of the next draft step) for a
+        step whose token_ids are the next tokens x_{t+1} of positions t = batch.positions,
+        paired with hidden_prev [N, H] (the target's final-normed hidden at t, or the MTP's
+        own output one position earlier); stores the layer's K/V at t in `kv`."""
         eps = self.config.rms_norm_eps
-        e = rms_norm(self.embed_tokens[next_token_ids.to(self.device)],
-                     self.pre_fc_norm_embedding, eps)
+        e = rms_norm(self.embed_tokens[batch.token_ids], self.pre_fc_norm_embedding, eps)
         h = rms_norm(hidden_prev.to(self.device, self.dtype), self.pre_fc_norm_hidden, eps)
         u = linear(torch.cat([e, h], dim=-1), self.fc)
+        u, _ = run_layers(u, [self.layer], [kv], batch, self.config)
+        return rms_norm(u, self.norm, eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The shared lm_head over hidden [..., H] -> fp32 logits [..., vocab]."""
+        return linear(hidden, self.lm_head).float()
+
+    def forward(self, next_token_ids: torch.Tensor, hidden_prev: torch.Tensor, start_pos: int,
+                cache: SequenceCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence: next_token_ids [T] (token t+1 for each position t), hidden_prev [T, H]
+        (the target's final-normed hidden at t), positions start_pos.. -> (hidden [T, H], fp32
+        logits [T, vocab]). The returned hidden is the h_prev of the next draft step."""
         batch = cache.step(next_token_ids.tolist(), start_pos)
-        u = run_layers(u, [self.layer], cache.layers, batch, self.config)
+        kv = cache.layers[0]
+        assert isinstance(kv, PagedKV)
+        hidden = self.forward_batch(batch, hidden_prev, kv)
         cache.advance(len(next_token_ids))
-        hidden = rms_norm(u, self.norm, eps)
-        return hidden, linear(hidden, self.lm_head).float()
+        return hidden, self.logits(hidden)

@@ -53,9 +53,16 @@ class Qwen3_5Model:
     def forward_batch(self, batch: StepBatch, caches: Sequence[LayerCache]) -> torch.Tensor:
         """Final-normed hidden states [N, H] of the step's tokens, advancing each sequence's
         pages and state slot in `caches`."""
+        return self.forward_taps(batch, caches, ())[0]
+
+    def forward_taps(self, batch: StepBatch, caches: Sequence[LayerCache],
+                     taps: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward_batch`, also returning the residual stream after each decoder layer in
+        `taps` (0-based ids; HF hidden_states[i + 1]), concatenated [N, len(taps) * H] in that
+        order: the context features a DFlash draft reads."""
         x = self.embed_tokens[batch.token_ids]
-        x = run_layers(x, self.layers, caches, batch, self.config)
-        return rms_norm(x, self.norm, self.config.rms_norm_eps)
+        x, tapped = run_layers(x, self.layers, caches, batch, self.config, taps)
+        return rms_norm(x, self.norm, self.config.rms_norm_eps), tapped
 
     def forward(self, input_ids: torch.Tensor, start_pos: int,
                 cache: SequenceCache) -> torch.Tensor:

@@ -1,0 +1,69 @@
+"""The MTP proposer: the checkpoint's multi-token-prediction layer, applied K times.
+
+Every target step first runs the MTP over all committed rows of all requests as one batch (the
+"first pass", specdecode.md B.3): row t pairs the target's final-normed hidden at t with the
+token at t+1 and writes the MTP layer's K/V at t, so its cache holds every committed position.
+For a decode-ready request the pass's last row (position C-1, paired with the newly sampled
+token at C) gives draft d1 for position C+1. Then K-1 single-token steps: d_j at position
+C+j-1 with the MTP's own previous output hidden gives d_{j+1}. Their K/V entries are
+overwritten by the next first pass, which starts at the first uncommitted position.
+
+Drafts are the argmax of the full lm_head, or of the compact draft head (--lm-head-draft).
+They stay on the device until all K are known: one host copy per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+
+from ninfer_runtime.engine.batch import Segment, StepBatch
+from ninfer_runtime.engine.spec.proposer import Committed
+from ninfer_runtime.models.cache import PagedKV
+from ninfer_runtime.models.loading import DraftArgmax
+from ninfer_runtime.models.mtp import Qwen3_5MTP
+
+
+class MTPProposer:
+    taps: tuple[int, ...] = ()
+
+    def __init__(self, mtp: Qwen3_5MTP, num_drafts: int, draft_argmax: DraftArgmax | None = None):
+        self.mtp = mtp
+        self.num_drafts = num_drafts
+        self.argmax = draft_argmax or (lambda hidden: mtp.logits(hidden).argmax(-1))
+        self.kv: PagedKV | None = None
+        self.page_size = 0
+
+    def allocate(self, num_pages: int, page_size: int, int8_kv: bool) -> None:
+        self.kv = self.mtp.allocate_cache(num_pages, page_size, int8_kv)
+        self.page_size = page_size
+
+    def propose(self, hidden: torch.Tensor, taps: torch.Tensor | None,
+                committed: Sequence[Committed]) -> list[list[int]]:
+        assert self.kv is not None, "allocate() first"
+        out: list[list[int]] = [[] for _ in committed]
+        if not committed:
+            return out
+        device = self.mtp.device
+        first = StepBatch.build([Segment(c.next_token_ids, c.start, c.pages, 0,
+                                         "last" if c.propose else "none") for c in committed],
+                                self.page_size, device)
+        rows = torch.tensor([r for c in committed for r in c.rows], dtype=torch.int64)
+        h = self.mtp.forward_batch(first, hidden[rows.to(hidden.device)], self.kv)
+        proposing = [i for i, c in enumerate(committed) if c.propose]
+        if not proposing:
+            return out
+        h = h[first.logits_rows]
+        drafts = [self.argmax(h)]
+        for j in range(1, self.num_drafts):
+            step = StepBatch.build(
+                [Segment([0], committed[i].next_position + j - 1, committed[i].pages, 0)
+                 for i in proposing], self.page_size, device)
+            # the token ids are the previous drafts, still on the device
+            h = self.mtp.forward_batch(replace(step, token_ids=drafts[-1]), h, self.kv)
+            drafts.append(self.argmax(h))
+        for i, ids in zip(proposing, torch.stack(drafts, dim=1).tolist(), strict=True):
+            out[i] = ids
+        return out

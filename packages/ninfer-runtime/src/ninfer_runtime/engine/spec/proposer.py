@@ -1,0 +1,57 @@
+"""The proposer interface: what a draft model (MTP, DFlash, a test oracle) sees of the engine.
+
+After every target forward the engine tells the proposer which rows of the step became part of
+their sequences (`Committed`: a prompt chunk, or the accepted prefix of a verify segment) with
+the tokens that follow them, and asks it for K drafts for every request that is decode-ready.
+The proposer owns its caches, addressed by the page ids of each request's target page table
+(allocated at engine start, beside the target's), so it needs no bookkeeping of its own:
+a request's pages and positions travel in `Committed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """One request's rows of a target step that are now part of its sequence.
+
+    Rows `rows` of the step's hidden states (and taps) sit at positions start, start+1, ..;
+    next_token_ids[i] is the token at position start+i+1 (the next prompt token, an accepted
+    draft, or, for the last row of a decode-ready request, the newly sampled token). With
+    `propose` the request is decode-ready and wants drafts for the positions after it.
+    """
+
+    request_id: str
+    rows: range
+    start: int
+    next_token_ids: Sequence[int]
+    pages: Sequence[int]
+    propose: bool
+
+    @property
+    def next_position(self) -> int:
+        """Position of the last next token: the first input of the request's next step."""
+        return self.start + len(self.rows)
+
+
+class Proposer(Protocol):
+    """Drafts K tokens per decode-ready request, one call per engine step."""
+
+    num_drafts: int  # K
+    taps: tuple[int, ...]  # target layers whose outputs `propose` reads (forward_taps)
+
+    def allocate(self, num_pages: int, page_size: int, int8_kv: bool) -> None:
+        """Allocate its caches: `num_pages` pages of `page_size` tokens, addressed by the page
+        ids of the requests' target page tables (int8_kv: the engine's KV dtype)."""
+
+    def propose(self, hidden: torch.Tensor, taps: torch.Tensor | None,
+                committed: Sequence[Committed]) -> list[list[int]]:
+        """Take in the committed rows of the step (hidden [N, H]: the target's final-normed
+        hidden of every row of the step; taps [N, len(taps) * H] or None when none were
+        asked for) and return, per entry of `committed`, K drafts when it proposes, else []."""
