@@ -1,31 +1,25 @@
 """`ninfer-bench`: the published serving campaign as a tool.
 
-Implemented so far: `kernels` (per-op microbenchmarks against their ceilings). The serving
-suites (context, corpus, concurrency) arrive with the benchmark issue.
+`context`, `corpus` and `concurrency` are the seed's serving suites (commands.py); `kernels` runs
+the per-op microbenchmarks against their ceilings.
 """
 
 from __future__ import annotations
 
 import json
 import platform
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
 import click
 
+from ninfer_bench.commands import COMMANDS
+from ninfer_bench.machine import commit as _commit
+
 
 @click.group()
 def main() -> None:
     """Benchmark NInfer."""
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _markdown(rows: list[dict]) -> str:
@@ -72,6 +66,48 @@ def kernels(only: tuple[str, ...], device: str, output: Path) -> None:
             f"GPU {gpu}, commit {report['commit']}, {report['date']}\n\n" + _markdown(rows))
     click.echo(_markdown(rows))
 
+
+def _ints(_: click.Context, __: click.Parameter, value: str) -> list[int]:
+    try:
+        return [int(v) for v in value.split(",") if v]
+    except ValueError as e:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from e
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(exists=True, dir_okay=False))
+@click.option("--context-lengths", default="8192", callback=_ints, show_default=True)
+@click.option("--concurrency", default="1,8", callback=_ints, show_default=True)
+@click.option("--decode-tokens", default=128, show_default=True)
+@click.option("--kv-dtype", type=click.Choice(["int8", "bf16"]), default="int8")
+@click.option("--no-cuda-graph", "no_cuda_graph", is_flag=True)
+@click.option("--no-breakdown", "no_breakdown", is_flag=True)
+@click.option("--device", default="cuda", show_default=True)
+@click.option("--output", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("out/bench"), show_default=True)
+def engine(artifact: str, context_lengths: list[int], concurrency: list[int],
+           decode_tokens: int, kv_dtype: str, no_cuda_graph: bool, no_breakdown: bool,
+           device: str, output: Path) -> None:
+    """In-process prefill and decode throughput of ARTIFACT against its ceilings."""
+    import torch
+
+    from ninfer_bench.engine_bench import markdown, run
+
+    report = run(artifact, contexts=context_lengths, concurrency=concurrency,
+                 decode_tokens=decode_tokens, device=device, kv_dtype=kv_dtype,
+                 cuda_graphs=not no_cuda_graph, breakdown=not no_breakdown)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
+    report |= {"gpu": gpu, "commit": _commit(), "date": datetime.now(timezone.utc).isoformat()}
+    output.mkdir(parents=True, exist_ok=True)
+    stem = output / f"engine-{Path(artifact).stem}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    text = f"GPU {gpu}, commit {report['commit']}, {report['date']}\n\n" + markdown(report)
+    stem.with_suffix(".md").write_text(text)
+    click.echo(text)
+
+
+for _serving_command in COMMANDS:
+    main.add_command(_serving_command)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,208 @@
+"""In-process engine throughput: prefill and decode of one artifact against their ceilings.
+
+No server, no HTTP: the engine is driven directly, so the figures are the runtime's own (the
+serving suites measure the whole stack). For each context length L:
+
+- prefill: one request of L prompt tokens; prefill tok/s = L / (time to its first token);
+  ceiling = bf16 tensor-core FLOPs / (2 x active parameters per token), attention excluded;
+- decode at C = 1, 2, ...: C requests of L prompt tokens decode `decode_tokens` each; the
+  aggregate tok/s counts only steps in which all C requests decode (no prefill in the step);
+  ceiling (C = 1) = bandwidth / bytes one step reads (weights used per token + the KV of L
+  tokens + the GDN state read and written);
+- where the time goes: one eager decode step per C under torch.profiler, CUDA kernel time
+  summed by kernel name (the graphs are replayed otherwise, which hides their kernels).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ninfer_runtime.config import FULL_ATTENTION
+from ninfer_runtime.engine import Engine, EngineConfig, EngineRequest, SamplingParams
+from ninfer_runtime.engine.kv_pool import kv_bytes_per_token
+from ninfer_runtime.models.qwen3_5 import Qwen3_5Model
+from ninfer_runtime.quant import PackedWeight
+
+BANDWIDTH = 4.24e12  # B/s, measured copy bandwidth of the H200 (BENCHMARKS.md)
+BF16_FLOPS = 789e12
+
+
+def _nbytes(w: object) -> int:
+    if isinstance(w, torch.Tensor):
+        return w.nbytes
+    if isinstance(w, PackedWeight):
+        return sum(p.nbytes for p in w.parts.values())
+    if hasattr(w, "__dataclass_fields__"):
+        return sum(_nbytes(getattr(w, f)) for f in w.__dataclass_fields__)
+    if isinstance(w, list | tuple):
+        return sum(_nbytes(x) for x in w)
+    return 0
+
+
+def _params(w: object) -> int:
+    if isinstance(w, torch.Tensor):
+        return w.numel()
+    if isinstance(w, PackedWeight):
+        return int(torch.Size(w.shape).numel())
+    if hasattr(w, "__dataclass_fields__"):
+        return sum(_params(getattr(w, f)) for f in w.__dataclass_fields__)
+    if isinstance(w, list | tuple):
+        return sum(_params(x) for x in w)
+    return 0
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one decoded token reads, and the multiply-adds one prompt token costs."""
+
+    weight_bytes: int  # weights one decode step reads (MoE: the experts top-k selects)
+    active_params: int  # multiply-adds per prompt token (MoE: top-k experts + shared)
+    kv_bytes_per_token: int
+    state_bytes: int  # GDN state of one sequence
+
+
+def footprint(model: Qwen3_5Model, kv_dtype: str) -> Footprint:
+    cfg = model.config
+    weight_bytes = _nbytes(model.layers) + _nbytes(model.lm_head) + _nbytes(model.norm)
+    params = _params(model.layers) + _params(model.lm_head)
+    if cfg.num_experts:  # only top-k of the routed experts are read / multiplied per token
+        experts = [(layer.mlp.experts_gate_up, layer.mlp.experts_down) for layer in model.layers]
+        unused = 1 - cfg.num_experts_per_tok / cfg.num_experts
+        weight_bytes -= int(unused * _nbytes(experts))
+        params -= int(unused * _params(experts))
+    gdn = [k for k in cfg.layer_types if k != FULL_ATTENTION]
+    state = len(gdn) * cfg.linear_num_value_heads * cfg.linear_key_head_dim \
+        * cfg.linear_value_head_dim * 4
+    return Footprint(weight_bytes, params, kv_bytes_per_token(cfg, kv_dtype, model.dtype), state)
+
+
+def _request(rid: str, length: int, max_tokens: int, vocab: int) -> EngineRequest:
+    gen = torch.Generator().manual_seed(len(rid) + length)
+    ids = torch.randint(0, min(vocab, 100_000), (length,), generator=gen).tolist()
+    return EngineRequest(rid, tuple(ids), SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                                         ignore_eos=True), time.perf_counter())
+
+
+def _sync(engine: Engine) -> None:
+    if engine.model.device.type == "cuda":
+        torch.cuda.synchronize(engine.model.device)
+
+
+def measure_prefill(engine: Engine, length: int) -> float:
+    """Seconds from the first step of a lone request of `length` tokens to its first token."""
+    engine.add_request(_request(f"prefill-{length}", length, 1, engine.model_config.vocab_size))
+    _sync(engine)
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+    _sync(engine)
+    return time.perf_counter() - start
+
+
+def measure_decode(engine: Engine, length: int, concurrency: int, tokens: int
+                   ) -> tuple[float, int]:
+    """(seconds, tokens) over the steps in which all `concurrency` requests decode."""
+    vocab = engine.model_config.vocab_size
+    for i in range(concurrency):
+        engine.add_request(_request(f"decode-{length}-{concurrency}-{i}", length, tokens, vocab))
+    while engine.num_running() < concurrency or any(
+            s.num_computed < s.prompt_len for s in engine.scheduler.running.values()):
+        engine.step()
+    _sync(engine)
+    start, produced = time.perf_counter(), 0
+    while engine.num_running() == concurrency:
+        produced += len(engine.step())
+    _sync(engine)
+    elapsed = time.perf_counter() - start
+    while engine.has_unfinished():
+        engine.step()
+    return elapsed, produced
+
+
+def kernel_breakdown(engine: Engine, length: int, concurrency: int) -> list[tuple[str, float]]:
+    """CUDA time (us) per kernel name of one eager decode step of `concurrency` requests."""
+    from torch.profiler import ProfilerActivity, profile
+
+    vocab = engine.model_config.vocab_size
+    for i in range(concurrency):
+        engine.add_request(_request(f"profile-{i}", length, 4, vocab))
+    while any(s.num_computed < s.prompt_len for s in engine.scheduler.running.values()) \
+            or engine.num_running() < concurrency:
+        engine.step()
+    graphs, engine.graphs = engine.graphs, None
+    try:
+        engine.step()  # warm
+        _sync(engine)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            engine.step()
+            _sync(engine)
+    finally:
+        engine.graphs = graphs
+    while engine.has_unfinished():
+        engine.step()
+    totals: dict[str, float] = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] += event.device_time
+    return sorted(totals.items(), key=lambda kv: -kv[1])
+
+
+def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
+        decode_tokens: int, device: str = "cuda", kv_dtype: str = "int8",
+        cuda_graphs: bool = True, breakdown: bool = True) -> dict:
+    """Every measurement above for one artifact, as a report dict."""
+    longest = max(contexts) + decode_tokens + 8
+    config = EngineConfig(max_context=longest, max_concurrency=max(concurrency),
+                          device=device, kv_dtype=kv_dtype, cuda_graphs=cuda_graphs)  # type: ignore[arg-type]
+    start = time.perf_counter()
+    engine = Engine.from_artifact(artifact, config)
+    report: dict = {"artifact": artifact, "startup_s": time.perf_counter() - start,
+                    "memory_plan": engine.memory_plan.table() if engine.memory_plan else None,
+                    "rows": [], "breakdown": {}}
+    fp = footprint(engine.model, kv_dtype)
+    report["footprint"] = fp.__dict__
+    warm = min(256, min(contexts))
+    measure_prefill(engine, warm)  # warm-up: autotuning of the prompt-sized kernels
+    measure_decode(engine, warm, 1, 8)
+    for length in contexts:
+        seconds = measure_prefill(engine, length)
+        ceiling = BF16_FLOPS / (2 * fp.active_params)
+        report["rows"].append({"what": "prefill", "context": length, "concurrency": 1,
+                               "tok_s": length / seconds, "ceiling_tok_s": ceiling,
+                               "ratio": length / seconds / ceiling})
+        for c in concurrency:
+            seconds, produced = measure_decode(engine, length, c, decode_tokens)
+            step_bytes = fp.weight_bytes + c * (length * fp.kv_bytes_per_token
+                                                + 2 * fp.state_bytes)
+            ceiling = c * BANDWIDTH / step_bytes
+            report["rows"].append({"what": "decode", "context": length, "concurrency": c,
+                                   "tok_s": produced / seconds, "ceiling_tok_s": ceiling,
+                                   "ratio": produced / seconds / ceiling,
+                                   "ms_per_step": 1e3 * seconds / max(1, produced // c)})
+            if breakdown:
+                report["breakdown"][f"ctx{length}_c{c}"] = kernel_breakdown(engine, length, c)
+    return report
+
+
+def markdown(report: dict, top: int = 15) -> str:
+    lines = [f"artifact `{report['artifact']}`, startup {report['startup_s']:.1f} s", "",
+             "| what | context | C | tok/s | ceiling tok/s | ratio | ms/step |",
+             "|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        lines.append(f"| {r['what']} | {r['context']} | {r['concurrency']} | {r['tok_s']:.1f} "
+                     f"| {r['ceiling_tok_s']:.1f} | {100 * r['ratio']:.1f}% "
+                     f"| {r.get('ms_per_step', 0):.2f} |")
+    for key, rows in report["breakdown"].items():
+        total = sum(us for _, us in rows)
+        lines += ["", f"eager decode step {key}: {total:.0f} us of kernels", "",
+                  "| kernel | us | share |", "|---|---|---|"]
+        lines += [f"| `{name[:70]}` | {us:.1f} | {100 * us / total:.1f}% |"
+                  for name, us in rows[:top]]
+    if report.get("memory_plan"):
+        lines += ["", "```", report["memory_plan"], "```"]
+    return "\n".join(lines) + "\n"

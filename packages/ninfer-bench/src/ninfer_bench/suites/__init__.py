@@ -1,0 +1,1 @@
+"""The serving suites: context, corpus and the two concurrency suites."""
