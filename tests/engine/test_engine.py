@@ -247,7 +247,7 @@ def test_from_artifact(tiny_artifact: Callable[[str], object]) -> None:
     eng = Engine.from_artifact(tiny_artifact("moe"), EngineConfig(max_context=100,
                                                                   max_concurrency=3))
     assert eng.model_config.is_moe and eng.model_config.vocab_size == VOCAB
-    assert eng.config.kv_capacity == 320 and eng.config.device == "cpu"  # resolved
+    assert eng.config.kv_capacity == 384 and eng.config.device == "cpu"  # 3 x 2 pages
     assert eng.generation_config["eos_token_id"] == [1002, 1000]
     assert eng.kv_pool.layers[0].k.dtype == torch.int8  # the default KV dtype
     ids = eng.tokenizer.encode("hello world")

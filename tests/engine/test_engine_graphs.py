@@ -40,6 +40,13 @@ def test_auto_capacity_stops_at_what_the_requests_can_use() -> None:
     assert plan.free > 100 * GiB
 
 
+def test_requests_reserve_whole_pages_and_their_draft_positions() -> None:
+    plan = plan_memory(**{**PLAN, "max_context": 8192 + 10}, kv_capacity="auto",
+                       spec_tokens=7)
+    assert plan.request_pages == 129 and plan.kv_capacity == 8 * 129 * 64
+    assert plan.max_full_context_requests == 8
+
+
 def test_no_graphs_no_graph_pool() -> None:
     assert plan_memory(**{**PLAN, "use_cuda_graphs": False}, kv_capacity="auto").graph_pool == 0
 

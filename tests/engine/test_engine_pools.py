@@ -77,7 +77,10 @@ def test_slot_allocator_and_state_pool() -> None:
 def test_kv_capacity() -> None:
     cfg = EngineConfig(max_context=100, max_concurrency=3, page_size=64)
     cpu = torch.device("cpu")
-    assert resolve_kv_capacity(cfg, TINY, torch.float32, cpu) == 320  # 300 -> whole pages
+    assert resolve_kv_capacity(cfg, TINY, torch.float32, cpu) == 384  # 2 whole pages each
+    spec = EngineConfig(max_context=128, max_concurrency=3, page_size=64, spec="mtp",
+                        draft_tokens=3)
+    assert resolve_kv_capacity(spec, TINY, torch.float32, cpu) == 3 * 3 * 64  # + 3 drafts
     explicit = EngineConfig(kv_capacity=65, page_size=64)
     assert resolve_kv_capacity(explicit, TINY, torch.float32, cpu) == 128
     big = get_profile("qwen3_6_27b").config  # head_dim 256: 4 fp16 scales per head

@@ -109,6 +109,9 @@ class Oracle:
         self.miss = miss
         self.rounds: Counter[str] = Counter()
 
+    def cache_bytes_per_token(self, int8_kv: bool) -> int:
+        return 0
+
     def allocate(self, num_pages: int, page_size: int, int8_kv: bool) -> None:
         pass
 

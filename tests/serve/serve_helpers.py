@@ -45,7 +45,7 @@ def faulty_engine(artifact: Path, config: EngineConfig = ENGINE_CONFIG) -> Calla
         engine = Engine.from_artifact(artifact, config)
         assert engine.tokenizer is not None
         faulty: set[str] = set()
-        add_request, forward_batch = engine.add_request, engine.model.forward_batch
+        add_request, forward_taps = engine.add_request, engine.model.forward_taps
 
         def add(req: EngineRequest) -> None:
             if FAULT_TRIGGER in engine.tokenizer.decode(list(req.prompt_token_ids)):
@@ -55,10 +55,10 @@ def faulty_engine(artifact: Path, config: EngineConfig = ENGINE_CONFIG) -> Calla
         def forward(*args: Any, **kwargs: Any) -> Any:
             if faulty & engine.scheduler.running.keys():
                 raise RuntimeError("injected fault")
-            return forward_batch(*args, **kwargs)
+            return forward_taps(*args, **kwargs)
 
         engine.add_request = add  # type: ignore[method-assign]
-        engine.model.forward_batch = forward  # type: ignore[method-assign]
+        engine.model.forward_taps = forward  # type: ignore[method-assign]
         return engine
 
     return build

@@ -25,7 +25,7 @@ import torch
 
 from ninfer_runtime.engine.batch import StepBatch
 
-Forward = Callable[[StepBatch], tuple[torch.Tensor, torch.Tensor]]  # -> hidden, logits
+Forward = Callable[[StepBatch], tuple[torch.Tensor, ...]]  # -> hidden, logits[, taps]
 ExampleBatch = Callable[[int, int], StepBatch]  # (num_seqs, tokens_per_seq) -> a valid step
 
 
@@ -49,15 +49,14 @@ class _Captured:
     def __init__(self, example: StepBatch, max_pages: int):
         self.static = _padded(example, max_pages)
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.hidden: torch.Tensor | None = None
-        self.logits: torch.Tensor | None = None
+        self.outputs: tuple[torch.Tensor, ...] = ()
 
     def load(self, batch: StepBatch) -> None:
         """Copy the step's inputs into the static ones (same shapes, page tables padded)."""
         for f in fields(StepBatch):
             src, dst = getattr(batch, f.name), getattr(self.static, f.name)
             if not isinstance(src, torch.Tensor):
-                continue
+                continue  # host fields and absent snapshot slots: equal (see _matches)
             if f.name == "page_tables":
                 dst[:, : src.shape[1]].copy_(src, non_blocking=True)
             else:
@@ -110,15 +109,16 @@ class StepGraphs:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            entry.hidden, entry.logits = self.forward(entry.static)
+            entry.outputs = self.forward(entry.static)
         entry.graph = graph
 
     def can_run(self, batch: StepBatch) -> bool:
         shape = shape_of(batch)
         return shape in self._shapes and _matches(batch, self._shapes[shape].static)
 
-    def run(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden [N, H] and logits of the step's logits rows; valid until the next run."""
+    def run(self, batch: StepBatch) -> tuple[torch.Tensor, ...]:
+        """The forward's outputs (hidden [N, H], logits of the step's logits rows, ...);
+        valid until the next run."""
         shape = shape_of(batch)
         assert shape is not None and self.can_run(batch), "no graph for this step"
         entry = self._shapes[shape]
@@ -126,15 +126,17 @@ class StepGraphs:
         if entry.graph is None:
             return self.forward(entry.static)
         entry.graph.replay()
-        assert entry.hidden is not None and entry.logits is not None
-        return entry.hidden, entry.logits
+        return entry.outputs
 
 
 def _matches(batch: StepBatch, static: StepBatch) -> bool:
-    """Same tensor shapes (page tables at most as wide) and the same host-side flags, which
-    choose kernels (e.g. decode_only): a graph replays only the step it recorded."""
+    """Same tensor shapes (page tables at most as wide), the same optional tensors present
+    (snapshot slots) and the same host-side fields, which choose kernels (recurrent_tokens):
+    a graph replays only the step it recorded."""
     for f in fields(StepBatch):
         mine, theirs = getattr(batch, f.name), getattr(static, f.name)
+        if isinstance(mine, torch.Tensor) != isinstance(theirs, torch.Tensor):
+            return False
         if not isinstance(mine, torch.Tensor):
             if mine != theirs:
                 return False

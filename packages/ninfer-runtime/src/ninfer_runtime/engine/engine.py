@@ -63,8 +63,8 @@ def eos_token_ids(generation_config: Mapping[str, Any], cfg: ModelConfig) -> fro
 class Engine:
     """`Engine.from_artifact(path, config)` loads a model on config.device; `Engine(model,
     config)` serves a model already loaded (it runs on the model's device). With config.spec,
-    `proposer` drafts the tokens (`make_proposer(config, loaded.drafts)`, as from_artifact
-    does, or any other `Proposer`)."""
+    `proposer` drafts the tokens (`make_proposer(config, loaded.drafts, loaded.model)`, as
+    from_artifact does, or any other `Proposer`)."""
 
     def __init__(self, model: Qwen3_5Model, config: EngineConfig, *,
                  tokenizer: Tokenizer | None = None,
@@ -85,7 +85,8 @@ class Engine:
         self.generation_config = dict(generation_config or {})
         self.eos_token_ids = eos_token_ids(self.generation_config, model.config)
         on_gpu = model.device.type == "cuda"
-        self.memory_plan = plan_device_memory(model, config) if on_gpu else None
+        draft_kv = proposer.cache_bytes_per_token(config.kv_dtype == "int8") if proposer else 0
+        self.memory_plan = plan_device_memory(model, config, draft_kv) if on_gpu else None
         capacity = (self.memory_plan.kv_capacity if self.memory_plan is not None
                     else resolve_kv_capacity(config, model.config, model.dtype, model.device))
         self.config = replace(config, kv_capacity=capacity, device=str(model.device),
@@ -97,8 +98,9 @@ class Engine:
                                            int8_kv)
         if proposer is not None:  # its caches use the target's page ids
             proposer.allocate(num_pages, config.page_size, int8_kv)
-        self.graphs = decode_graphs(model, self.caches, self.config) if self.config.cuda_graphs \
-            else None
+        self.graphs = decode_graphs(model, self.caches, self.config,
+                                    proposer.taps if proposer else ()) \
+            if self.config.cuda_graphs else None
         self.kv_pool = KVPool([c for c in self.caches if isinstance(c, PagedKV)])
         self.state_pool = StatePool([c for c in self.caches if isinstance(c, GDNSlots)])
         self.scheduler = Scheduler(config.max_concurrency, config.max_context,
@@ -110,10 +112,11 @@ class Engine:
     @classmethod
     def from_artifact(cls, path: str | Path, config: EngineConfig) -> Engine:
         loaded = load_artifact(path, config.device, mtp=config.spec == "mtp",
+                               dflash=config.spec == "dflash",
                                lm_head_draft=config.lm_head_draft)
         return cls(loaded.model, config, tokenizer=loaded.tokenizer,
                    generation_config=loaded.generation_config,
-                   proposer=make_proposer(config, loaded.drafts))
+                   proposer=make_proposer(config, loaded.drafts, loaded.model))
 
     # ---- the contract ----
 
@@ -211,17 +214,13 @@ class Engine:
         logits of batch.logits_rows (None when there are none), and the taps the proposer
         reads (None when it reads none). A step a captured CUDA graph covers replays it."""
         taps = self.proposer.taps if self.proposer is not None else ()
-        if not taps and self.graphs is not None and self.graphs.can_run(batch):
-            hidden, logits = self.graphs.run(batch)
-            return hidden, logits, None
-        tapped = None
-        if taps:
-            hidden, tapped = self.model.forward_taps(batch, self.caches, taps)
-        else:
-            hidden = self.model.forward_batch(batch, self.caches)
+        if self.graphs is not None and self.graphs.can_run(batch):
+            hidden, logits, *tapped = self.graphs.run(batch)
+            return hidden, logits, tapped[0] if taps else None
+        hidden, tapped = self.model.forward_taps(batch, self.caches, taps)
         rows = batch.logits_rows
         logits = self.model.logits(hidden[rows]) if rows.shape[0] else None
-        return hidden, logits, tapped
+        return hidden, logits, tapped if taps else None
 
     def _accept(self, w: Work, accepted: int) -> None:
         """A decode step's outcome: `accepted` of its drafts (and the token before them) are

@@ -76,6 +76,12 @@ def pages_for(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
 
 
+def request_pages(config: EngineConfig) -> int:
+    """Pages one request of max_context tokens reserves (the scheduler's reservation: the K
+    draft positions a verify step writes beyond the sequence included)."""
+    return pages_for(config.max_context + config.spec_tokens, config.page_size)
+
+
 def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str, dtype: torch.dtype) -> int:
     """K + V bytes one token takes over all full-attention layers (scales included)."""
     per_head = cfg.head_dim * dtype.itemsize
@@ -88,11 +94,12 @@ def resolve_kv_capacity(config: EngineConfig, cfg: ModelConfig, dtype: torch.dty
                         device: torch.device) -> int:
     """KV pool size in tokens, a whole number of pages.
 
-    "auto" is max_concurrency * max_context on the CPU; on CUDA it is that, capped by
-    CUDA_KV_MEMORY_FRACTION of the free memory (a first estimate: the GPU memory plan replaces
-    it). An explicit capacity is rounded up to whole pages.
+    "auto" is room for max_concurrency requests of max_context tokens (whole pages each, the
+    draft positions of speculative decoding included) on the CPU; on CUDA it is that, capped
+    by CUDA_KV_MEMORY_FRACTION of the free memory (a first estimate: the GPU memory plan
+    replaces it). An explicit capacity is rounded up to whole pages.
     """
-    wanted = config.max_concurrency * config.max_context
+    wanted = config.max_concurrency * request_pages(config) * config.page_size
     if config.kv_capacity != "auto":
         wanted = int(config.kv_capacity)
     elif device.type == "cuda":

@@ -46,6 +46,7 @@ class MemoryPlan:
     kv_capacity: int  # tokens
     page_size: int
     max_context: int
+    request_pages: int  # pages one request of max_context tokens reserves
 
     @property
     def free(self) -> int:
@@ -56,7 +57,7 @@ class MemoryPlan:
     @property
     def max_full_context_requests(self) -> int:
         """How many requests of max_context tokens the KV pool holds at once."""
-        return self.kv_capacity // self.max_context
+        return self.kv_capacity // self.page_size // self.request_pages
 
     def rows(self) -> list[tuple[str, int, str]]:
         return [
@@ -86,20 +87,23 @@ class MemoryPlan:
 def plan_memory(*, device: str, total: int, other: int, weights: int, state_slots: int,
                 prefill_workspace: int, decode_workspace: int, kv_bytes_per_token: int,
                 page_size: int, max_context: int, max_concurrency: int,
-                kv_capacity: int | str, use_cuda_graphs: bool) -> MemoryPlan:
+                kv_capacity: int | str, use_cuda_graphs: bool,
+                spec_tokens: int = 0) -> MemoryPlan:
     """The plan for a device of `total` bytes, `other` of them not ours.
 
     "auto" gives the KV pool everything left (whole pages), capped at what max_concurrency
-    requests of max_context tokens can use, and refuses a device where not even one request
-    of max_context tokens fits. An explicit capacity must fit (requests longer than it are
-    refused at admission).
+    requests of max_context tokens can use (plus the spec_tokens draft positions each), and
+    refuses a device where not even one such request fits. An explicit capacity must fit
+    (requests longer than it are refused at admission). kv_bytes_per_token counts every cache
+    indexed by the pool's pages: the target's and a draft model's.
     """
     margin = max(MIN_MARGIN, int(MARGIN_FRACTION * total))
     graph_pool = GRAPH_POOL_FACTOR * decode_workspace if use_cuda_graphs else 0
     fixed = other + weights + state_slots + prefill_workspace + graph_pool + margin
     page_bytes = kv_bytes_per_token * page_size
     room_pages = max(0, total - fixed) // page_bytes
-    useful_pages = -(-max_concurrency * max_context // page_size)
+    request_pages = -(-(max_context + spec_tokens) // page_size)
+    useful_pages = max_concurrency * request_pages
     if kv_capacity == "auto":
         pages = min(room_pages, useful_pages)
     else:
@@ -108,11 +112,12 @@ def plan_memory(*, device: str, total: int, other: int, weights: int, state_slot
                       state_slots=state_slots, prefill_workspace=prefill_workspace,
                       graph_pool=graph_pool, margin=margin, kv=pages * page_bytes,
                       kv_bytes_per_token=kv_bytes_per_token, kv_capacity=pages * page_size,
-                      page_size=page_size, max_context=max_context)
+                      page_size=page_size, max_context=max_context,
+                      request_pages=request_pages)
     if pages > room_pages:
         raise MemoryPlanError(f"--kv-capacity {kv_capacity} does not fit: room for "
                               f"{room_pages * page_size:,} tokens\n{plan.table()}")
-    if kv_capacity == "auto" and plan.kv_capacity < max_context:
+    if kv_capacity == "auto" and pages < request_pages:
         raise MemoryPlanError(f"not even one request of max_context {max_context:,} tokens "
                               f"fits in the KV pool; lower --max-context or "
                               f"--max-concurrency\n{plan.table()}")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ninfer_runtime.models.dflash import DFlashDraft, load_dflash
 from ninfer_runtime.models.mtp import Qwen3_5MTP
 from ninfer_runtime.models.qwen3_5 import Qwen3_5Model
 
@@ -23,10 +24,12 @@ DraftArgmax = Callable[[torch.Tensor], torch.Tensor]  # hidden [R, H] -> full-vo
 @dataclass(frozen=True)
 class DraftModels:
     """What speculative proposers draft with, loaded only when the engine config asks: the MTP
-    head (sharing the target's embed_tokens and lm_head), and the compact draft head of
-    --lm-head-draft (`argmax` of a vocabulary subset of lm_head; None: the full lm_head)."""
+    head (sharing the target's embed_tokens and lm_head), the DFlash draft, and the compact
+    draft head of --lm-head-draft (`argmax` of a vocabulary subset of lm_head; None: the full
+    lm_head)."""
 
     mtp: Qwen3_5MTP | None = None
+    dflash: DFlashDraft | None = None
     draft_argmax: DraftArgmax | None = None
 
 
@@ -45,9 +48,10 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 def load_artifact(path: str | Path, device: str | torch.device,
                   dtype: torch.dtype | None = None, *, mtp: bool = False,
-                  lm_head_draft: bool = False) -> LoadedModel:
-    """The artifact's model on `device`; with `mtp` also its MTP head, with `lm_head_draft`
-    its draft head. An artifact without the asked-for part raises ArtifactError."""
+                  dflash: bool = False, lm_head_draft: bool = False) -> LoadedModel:
+    """The artifact's model on `device`; with `mtp` also its MTP head, with `dflash` its
+    DFlash draft, with `lm_head_draft` its draft head. An artifact without the asked-for part
+    raises ArtifactError."""
     from ninfer_runtime.artifact import Artifact
     from ninfer_runtime.tokenizer import Tokenizer
 
@@ -57,6 +61,7 @@ def load_artifact(path: str | Path, device: str | torch.device,
     model = Qwen3_5Model(artifact.config, artifact.weights(), dtype=dtype, device=device)
     tokenizer = Tokenizer.from_artifact(artifact) if artifact.tokenizer_json else None
     drafts = DraftModels(mtp=_load_mtp(artifact, model) if mtp else None,
+                         dflash=_load_dflash(artifact, model) if dflash else None,
                          draft_argmax=_load_draft_head(artifact, model) if lm_head_draft
                          else None)
     return LoadedModel(model, tokenizer, dict(artifact.generation_config), drafts)
@@ -73,6 +78,17 @@ def _load_mtp(artifact: Artifact, model: Qwen3_5Model) -> Qwen3_5MTP:
     # the target's converted tensors: shared, not copied
     weights |= {"embed_tokens.weight": model.embed_tokens, "lm_head.weight": model.lm_head}
     return Qwen3_5MTP(artifact.config, weights, dtype=model.dtype, device=model.device)
+
+
+def _load_dflash(artifact: Artifact, model: Qwen3_5Model) -> DFlashDraft:
+    from ninfer_runtime.artifact import ArtifactError
+
+    draft = load_dflash(artifact, dtype=model.dtype, device=model.device)
+    if draft is None:
+        raise ArtifactError(artifact.path, "--spec dflash needs a DFlash draft, and this "
+                            "artifact has none (build it with ninfer-convert build ... "
+                            "--dflash SOURCE)")
+    return draft
 
 
 def _load_draft_head(artifact: Artifact, model: Qwen3_5Model) -> DraftArgmax:

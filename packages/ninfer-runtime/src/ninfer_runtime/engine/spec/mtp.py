@@ -19,7 +19,9 @@ from dataclasses import replace
 
 import torch
 
+from ninfer_runtime.config import FULL_ATTENTION
 from ninfer_runtime.engine.batch import Segment, StepBatch
+from ninfer_runtime.engine.kv_pool import kv_bytes_per_token
 from ninfer_runtime.engine.spec.proposer import Committed
 from ninfer_runtime.models.cache import PagedKV
 from ninfer_runtime.models.loading import DraftArgmax
@@ -35,6 +37,12 @@ class MTPProposer:
         self.argmax = draft_argmax or (lambda hidden: mtp.logits(hidden).argmax(-1))
         self.kv: PagedKV | None = None
         self.page_size = 0
+
+    def cache_bytes_per_token(self, int8_kv: bool) -> int:
+        """One attention layer's K/V in the target's KV format."""
+        cfg = self.mtp.config
+        return kv_bytes_per_token(cfg, "int8" if int8_kv else "bf16", self.mtp.dtype) \
+            // cfg.layer_types.count(FULL_ATTENTION)
 
     def allocate(self, num_pages: int, page_size: int, int8_kv: bool) -> None:
         self.kv = self.mtp.allocate_cache(num_pages, page_size, int8_kv)

@@ -46,6 +46,10 @@ class Proposer(Protocol):
     num_drafts: int  # K
     taps: tuple[int, ...]  # target layers whose outputs `propose` reads (forward_taps)
 
+    def cache_bytes_per_token(self, int8_kv: bool) -> int:
+        """Bytes its caches take per token of the KV pool (the startup memory plan counts
+        them beside the target's)."""
+
     def allocate(self, num_pages: int, page_size: int, int8_kv: bool) -> None:
         """Allocate its caches: `num_pages` pages of `page_size` tokens, addressed by the page
         ids of the requests' target page tables (int8_kv: the engine's KV dtype)."""

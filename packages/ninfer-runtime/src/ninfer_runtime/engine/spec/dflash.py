@@ -1,0 +1,76 @@
+"""The DFlash proposer: a block of K drafts per request from one pass of the DFlash draft.
+
+Every target step taps the layers the draft reads (`taps` = target_layer_ids) for all rows.
+The committed rows' taps become context K/V in every draft layer (`store_context`, at their
+positions, in the draft's own paged caches under the target's page ids). A decode-ready
+request then drafts one block [anchor, MASK x K] at positions P .. P+K, P = next_position and
+the anchor the token the target sampled last (not run by the target yet): row j of the block
+gives the draft for position P+j. The block's own K/V land at P .. P+K and are overwritten by
+context as those positions are committed, so rejected drafts leave nothing behind.
+
+Drafts are the argmax of the target's lm_head over the draft's final-normed hidden, or of the
+compact draft head (--lm-head-draft); one host copy per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ninfer_runtime.engine.batch import Segment, StepBatch
+from ninfer_runtime.engine.spec.proposer import Committed
+from ninfer_runtime.models.cache import PagedKV
+from ninfer_runtime.models.dflash import DFlashDraft
+from ninfer_runtime.models.loading import DraftArgmax
+
+
+class DFlashProposer:
+    def __init__(self, draft: DFlashDraft, embed_tokens: torch.Tensor,
+                 full_argmax: DraftArgmax, num_drafts: int,
+                 draft_argmax: DraftArgmax | None = None):
+        if num_drafts + 1 > draft.config.block_size:
+            raise ValueError(f"--draft-tokens {num_drafts} does not fit the DFlash draft's "
+                             f"block of {draft.config.block_size} (anchor included)")
+        self.draft = draft
+        self.embed_tokens = embed_tokens
+        self.argmax: Callable[[torch.Tensor], torch.Tensor] = draft_argmax or full_argmax
+        self.num_drafts = num_drafts
+        self.taps = draft.config.target_layer_ids
+        self.caches: list[PagedKV] = []
+        self.page_size = 0
+
+    def cache_bytes_per_token(self, int8_kv: bool) -> int:
+        """The draft keeps its K/V in the compute dtype whatever the target's KV dtype."""
+        c = self.draft.config
+        return 2 * c.num_layers * c.num_key_value_heads * c.head_dim * self.draft.dtype.itemsize
+
+    def allocate(self, num_pages: int, page_size: int, int8_kv: bool) -> None:
+        self.caches = self.draft.allocate_cache(num_pages, page_size)
+        self.page_size = page_size
+
+    def propose(self, hidden: torch.Tensor, taps: torch.Tensor | None,
+                committed: Sequence[Committed]) -> list[list[int]]:
+        assert self.caches, "allocate() first"
+        assert taps is not None, "DFlash reads the target's taps"
+        out: list[list[int]] = [[] for _ in committed]
+        if not committed:
+            return out
+        device = self.draft.device
+        context = StepBatch.build([Segment(c.next_token_ids, c.start, c.pages, 0, "none")
+                                   for c in committed], self.page_size, device)
+        rows = torch.tensor([r for c in committed for r in c.rows], dtype=torch.int64)
+        self.draft.store_context(taps[rows.to(taps.device)], context, self.caches)
+        proposing = [i for i, c in enumerate(committed) if c.propose]
+        if not proposing:
+            return out
+        k, mask = self.num_drafts, self.draft.config.mask_token_id
+        blocks = StepBatch.build(
+            [Segment([committed[i].next_token_ids[-1], *[mask] * k],
+                     committed[i].next_position, committed[i].pages, 0, "all")
+             for i in proposing], self.page_size, device)
+        h = self.draft.propose(blocks.token_ids, blocks, self.caches, self.embed_tokens)
+        drafts = self.argmax(h.view(len(proposing), k + 1, -1)[:, 1:].reshape(-1, h.shape[-1]))
+        for i, ids in zip(proposing, drafts.view(len(proposing), k).tolist(), strict=True):
+            out[i] = ids
+        return out
