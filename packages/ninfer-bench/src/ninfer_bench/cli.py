@@ -82,12 +82,17 @@ def _ints(_: click.Context, __: click.Parameter, value: str) -> list[int]:
 @click.option("--kv-dtype", type=click.Choice(["int8", "bf16"]), default="int8")
 @click.option("--no-cuda-graph", "no_cuda_graph", is_flag=True)
 @click.option("--no-breakdown", "no_breakdown", is_flag=True)
+@click.option("--spec", type=click.Choice(["none", "mtp", "dflash"]), default="none",
+              show_default=True, help="Speculative mode: a decode step is then one round.")
+@click.option("--draft-tokens", default=3, show_default=True)
+@click.option("--lm-head-draft", is_flag=True)
 @click.option("--device", default="cuda", show_default=True)
 @click.option("--output", type=click.Path(file_okay=False, path_type=Path),
               default=Path("out/bench"), show_default=True)
 def engine(artifact: str, context_lengths: list[int], concurrency: list[int],
            decode_tokens: int, kv_dtype: str, no_cuda_graph: bool, no_breakdown: bool,
-           device: str, output: Path) -> None:
+           spec: str, draft_tokens: int, lm_head_draft: bool, device: str,
+           output: Path) -> None:
     """In-process prefill and decode throughput of ARTIFACT against its ceilings."""
     import torch
 
@@ -95,11 +100,12 @@ def engine(artifact: str, context_lengths: list[int], concurrency: list[int],
 
     report = run(artifact, contexts=context_lengths, concurrency=concurrency,
                  decode_tokens=decode_tokens, device=device, kv_dtype=kv_dtype,
-                 cuda_graphs=not no_cuda_graph, breakdown=not no_breakdown)
+                 cuda_graphs=not no_cuda_graph, breakdown=not no_breakdown, spec=spec,
+                 draft_tokens=draft_tokens, lm_head_draft=lm_head_draft)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
     report |= {"gpu": gpu, "commit": _commit(), "date": datetime.now(timezone.utc).isoformat()}
     output.mkdir(parents=True, exist_ok=True)
-    stem = output / f"engine-{Path(artifact).stem}"
+    stem = output / f"engine-{Path(artifact).stem}-{report['spec'].replace(' ', '-')}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
     text = f"GPU {gpu}, commit {report['commit']}, {report['date']}\n\n" + markdown(report)
     stem.with_suffix(".md").write_text(text)

@@ -11,6 +11,11 @@ serving suites measure the whole stack). For each context length L:
   tokens + the GDN state read and written);
 - where the time goes: one eager decode step per C under torch.profiler, CUDA kernel time
   summed by kernel name (the graphs are replayed otherwise, which hides their kernels).
+
+With a speculative mode (`spec`), a decode step is one round: the verify of K+1 tokens per
+request and the proposer's drafts. Random weights accept almost nothing, so the figure that
+carries over to real weights is the round's time (ms/step, against a plain step of the same
+C); tokens per round at a given acceptance then give the throughput.
 """
 
 from __future__ import annotations
@@ -104,36 +109,48 @@ def measure_prefill(engine: Engine, length: int) -> float:
     return time.perf_counter() - start
 
 
-def measure_decode(engine: Engine, length: int, concurrency: int, tokens: int
-                   ) -> tuple[float, int]:
-    """(seconds, tokens) over the steps in which all `concurrency` requests decode."""
+def _start_decoding(engine: Engine, prefix: str, length: int, concurrency: int,
+                    tokens: int) -> None:
+    """Admit `concurrency` requests of `length` prompt tokens and step until all decode."""
     vocab = engine.model_config.vocab_size
     for i in range(concurrency):
-        engine.add_request(_request(f"decode-{length}-{concurrency}-{i}", length, tokens, vocab))
+        engine.add_request(_request(f"{prefix}-{length}-{concurrency}-{i}", length, tokens,
+                                    vocab))
     while engine.num_running() < concurrency or any(
-            s.num_computed < s.prompt_len for s in engine.scheduler.running.values()):
+            s.prefilling for s in engine.scheduler.running.values()):
+        if not engine.has_unfinished():
+            raise RuntimeError(f"{concurrency} requests of {length} tokens never ran together "
+                               f"(KV capacity {engine.config.kv_capacity})")
         engine.step()
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    seconds: float
+    steps: int  # rounds with spec
+    tokens: int
+
+
+def measure_decode(engine: Engine, length: int, concurrency: int, tokens: int) -> DecodeRun:
+    """Time and tokens over the steps in which all `concurrency` requests decode."""
+    _start_decoding(engine, "decode", length, concurrency, tokens)
     _sync(engine)
-    start, produced = time.perf_counter(), 0
+    start, steps, produced = time.perf_counter(), 0, 0
     while engine.num_running() == concurrency:
-        produced += len(engine.step())
+        produced += sum(len(o.new_token_ids) for o in engine.step())
+        steps += 1
     _sync(engine)
     elapsed = time.perf_counter() - start
     while engine.has_unfinished():
         engine.step()
-    return elapsed, produced
+    return DecodeRun(elapsed, steps, produced)
 
 
 def kernel_breakdown(engine: Engine, length: int, concurrency: int) -> list[tuple[str, float]]:
     """CUDA time (us) per kernel name of one eager decode step of `concurrency` requests."""
     from torch.profiler import ProfilerActivity, profile
 
-    vocab = engine.model_config.vocab_size
-    for i in range(concurrency):
-        engine.add_request(_request(f"profile-{i}", length, 4, vocab))
-    while any(s.num_computed < s.prompt_len for s in engine.scheduler.running.values()) \
-            or engine.num_running() < concurrency:
-        engine.step()
+    _start_decoding(engine, "profile", length, concurrency, 4 * (1 + engine.config.spec_tokens))
     graphs, engine.graphs = engine.graphs, None
     try:
         engine.step()  # warm
@@ -154,21 +171,27 @@ def kernel_breakdown(engine: Engine, length: int, concurrency: int) -> list[tupl
 
 def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
         decode_tokens: int, device: str = "cuda", kv_dtype: str = "int8",
-        cuda_graphs: bool = True, breakdown: bool = True) -> dict:
+        cuda_graphs: bool = True, breakdown: bool = True, spec: str = "none",
+        draft_tokens: int = 3, lm_head_draft: bool = False) -> dict:
     """Every measurement above for one artifact, as a report dict."""
     longest = max(contexts) + decode_tokens + 8
     config = EngineConfig(max_context=longest, max_concurrency=max(concurrency),
-                          device=device, kv_dtype=kv_dtype, cuda_graphs=cuda_graphs)  # type: ignore[arg-type]
+                          device=device, kv_dtype=kv_dtype, cuda_graphs=cuda_graphs,  # type: ignore[arg-type]
+                          spec=spec, draft_tokens=draft_tokens,  # type: ignore[arg-type]
+                          lm_head_draft=lm_head_draft)
     start = time.perf_counter()
     engine = Engine.from_artifact(artifact, config)
-    report: dict = {"artifact": artifact, "startup_s": time.perf_counter() - start,
+    mode = "none" if spec == "none" else f"{spec}{draft_tokens}" + \
+        (" lm-head-draft" if lm_head_draft else "")
+    report: dict = {"artifact": artifact, "spec": mode,
+                    "startup_s": time.perf_counter() - start,
                     "memory_plan": engine.memory_plan.table() if engine.memory_plan else None,
                     "rows": [], "breakdown": {}}
     fp = footprint(engine.model, kv_dtype)
     report["footprint"] = fp.__dict__
     warm = min(256, min(contexts))
     measure_prefill(engine, warm)  # warm-up: autotuning of the prompt-sized kernels
-    measure_decode(engine, warm, 1, 8)
+    measure_decode(engine, warm, max(concurrency), 8)
     for length in contexts:
         seconds = measure_prefill(engine, length)
         ceiling = BF16_FLOPS / (2 * fp.active_params)
@@ -176,27 +199,29 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
                                "tok_s": length / seconds, "ceiling_tok_s": ceiling,
                                "ratio": length / seconds / ceiling})
         for c in concurrency:
-            seconds, produced = measure_decode(engine, length, c, decode_tokens)
+            d = measure_decode(engine, length, c, decode_tokens)
             step_bytes = fp.weight_bytes + c * (length * fp.kv_bytes_per_token
                                                 + 2 * fp.state_bytes)
             ceiling = c * BANDWIDTH / step_bytes
             report["rows"].append({"what": "decode", "context": length, "concurrency": c,
-                                   "tok_s": produced / seconds, "ceiling_tok_s": ceiling,
-                                   "ratio": produced / seconds / ceiling,
-                                   "ms_per_step": 1e3 * seconds / max(1, produced // c)})
+                                   "tok_s": d.tokens / d.seconds, "ceiling_tok_s": ceiling,
+                                   "ratio": d.tokens / d.seconds / ceiling,
+                                   "ms_per_step": 1e3 * d.seconds / max(1, d.steps),
+                                   "tokens_per_step": d.tokens / max(1, d.steps)})
             if breakdown:
                 report["breakdown"][f"ctx{length}_c{c}"] = kernel_breakdown(engine, length, c)
     return report
 
 
 def markdown(report: dict, top: int = 15) -> str:
-    lines = [f"artifact `{report['artifact']}`, startup {report['startup_s']:.1f} s", "",
-             "| what | context | C | tok/s | ceiling tok/s | ratio | ms/step |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"artifact `{report['artifact']}`, spec {report['spec']}, "
+             f"startup {report['startup_s']:.1f} s", "",
+             "| what | context | C | tok/s | ceiling tok/s | ratio | ms/step | tokens/step |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         lines.append(f"| {r['what']} | {r['context']} | {r['concurrency']} | {r['tok_s']:.1f} "
                      f"| {r['ceiling_tok_s']:.1f} | {100 * r['ratio']:.1f}% "
-                     f"| {r.get('ms_per_step', 0):.2f} |")
+                     f"| {r.get('ms_per_step', 0):.2f} | {r.get('tokens_per_step', 0):.2f} |")
     for key, rows in report["breakdown"].items():
         total = sum(us for _, us in rows)
         lines += ["", f"eager decode step {key}: {total:.0f} us of kernels", "",

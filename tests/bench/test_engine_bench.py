@@ -1,0 +1,56 @@
+"""`ninfer-bench engine` end to end on the CPU: the rows it reports and the files it writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ninfer_bench.cli import main
+from ninfer_bench.engine_bench import footprint
+from ninfer_runtime.models.loading import load_artifact
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ninfer_convert.build import BuildOptions, build
+    from ninfer_convert.sources import open_source
+
+    path = tmp_path_factory.mktemp("engine_bench") / "tiny_dense_mtp.ninfer"
+    return build(open_source("tiny_dense", random_init=True), path,
+                 BuildOptions(weights="nvfp4", include_vision=False, include_mtp=True))
+
+
+@pytest.mark.parametrize("spec", [[], ["--spec", "mtp", "--draft-tokens", "2"]])
+def test_engine_bench_reports_prefill_and_decode_rows(artifact: Path, tmp_path: Path,
+                                                      spec: list[str]) -> None:
+    # 3 requests of 70 tokens: more than one page each (the pool must hold whole pages)
+    result = CliRunner().invoke(main, [
+        "engine", str(artifact), "--context-lengths", "40,70", "--concurrency", "1,3",
+        "--decode-tokens", "6", "--device", "cpu", "--no-breakdown", "--output",
+        str(tmp_path), *spec])
+    assert result.exit_code == 0, result.output
+    [report_file] = tmp_path.glob("engine-*.json")
+    report = json.loads(report_file.read_text())
+    assert report["spec"] == ("mtp2" if spec else "none")
+    rows = [(r["what"], r["context"], r["concurrency"]) for r in report["rows"]]
+    assert rows == [("prefill", 40, 1), ("decode", 40, 1), ("decode", 40, 3),
+                    ("prefill", 70, 1), ("decode", 70, 1), ("decode", 70, 3)]
+    for r in report["rows"]:
+        assert r["tok_s"] > 0 and r["ratio"] == pytest.approx(r["tok_s"] / r["ceiling_tok_s"])
+        if r["what"] == "decode":  # every timed step advances all C requests
+            assert r["tokens_per_step"] >= r["concurrency"]
+            if not spec:
+                assert r["tokens_per_step"] == r["concurrency"]
+    assert "| decode | 70 | 3 |" in report_file.with_suffix(".md").read_text()
+
+
+def test_footprint_counts_the_weights_one_token_reads(artifact: Path) -> None:
+    model = load_artifact(artifact, "cpu").model
+    fp = footprint(model, "int8")
+    cfg = model.config
+    assert fp.weight_bytes > cfg.vocab_size * cfg.hidden_size // 2  # at least the 4-bit lm_head
+    assert fp.active_params > cfg.num_layers * cfg.hidden_size**2
+    assert fp.state_bytes > 0 and fp.kv_bytes_per_token > 0
