@@ -3,11 +3,7 @@
 # wheels, run the tests on CUDA, run the kernel benchmarks; results land in $OUT.
 # Usage (device tool, carry [".whl"]): bash scripts/device_check.sh [pytest paths...]
 set -uo pipefail
-out=${OUT:-out/device}
-mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$(ls -d "$PWD"/packages/*/src | paste -sd:):${PYTHONPATH:-}
+source scripts/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
   | tee -a "$out/gpu.txt"

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# End-to-end measurements on the GPU machine (device tool, carry [".whl"]), one call:
+#   bash scripts/gpu_measure.sh STAGE...
+# Each stage runs under its own time limit and logs to $OUT/<stage>.log; $OUT/stages.txt lists
+# every stage with its exit status and seconds, so a cut-off run still returns what finished.
+# Random-init artifacts of the real profiles are built on the machine (into $ART), never carried.
+set -uo pipefail
+source scripts/device_env.sh
+ART=${ART:-/tmp/artifacts}
+mkdir -p "$ART"
+CTX=${CTX:-8192}
+TOKENS=${TOKENS:-64}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt"
+git rev-parse --short HEAD >> "$out/gpu.txt" 2>/dev/null
+
+build() {  # build SECONDS PROFILE WEIGHTS: with MTP, a random DFlash draft and a draft head
+  timeout "$1" python3 -m ninfer_convert.cli build "$2" --random-init --weights "$3" \
+    --no-vision --dflash random --lm-head-draft --device cuda -o "$ART/$2_$3.ninfer"
+}
+engine() {  # engine SECONDS ARTIFACT-STEM [ninfer-bench engine flags]
+  local limit=$1 a=$2; shift 2
+  timeout "$limit" python3 -m ninfer_bench.cli engine "$ART/$a.ninfer" \
+    --context-lengths "$CTX" --decode-tokens "$TOKENS" --output "$out" "$@"
+}
+
+run_stage() {
+  local name=$1
+  case $name in
+    tests) timeout 150 python3 -m pytest -q -p no:cacheprovider -rf --tb=short \
+             ${TESTS:-tests/kernels/test_linear.py tests/kernels/test_moe.py tests/engine/test_engine_graphs.py} ;;
+    build27) build 300 qwen3_6_27b nvfp4 ;;
+    build27int) build 300 qwen3_6_27b groupwise-int ;;
+    build35) build 240 qwen3_6_35b_a3b nvfp4 ;;
+    eng27) engine 240 qwen3_6_27b_nvfp4 --concurrency 1,8 ;;
+    eng27int) engine 150 qwen3_6_27b_groupwise-int --concurrency 1 --no-breakdown ;;
+    mtp27) engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
+             --spec mtp --draft-tokens 3 --lm-head-draft ;;
+    dflash27) engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
+                --spec dflash --draft-tokens 7 --lm-head-draft ;;
+    eng35) engine 200 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 ;;
+    mtp35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
+             --spec mtp --draft-tokens 3 --lm-head-draft ;;
+    dflash35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
+                --spec dflash --draft-tokens 7 --lm-head-draft ;;
+    *) echo "unknown stage $name"; return 2 ;;
+  esac
+}
+
+for stage in "$@"; do
+  start=$SECONDS
+  run_stage "$stage" > "$out/$stage.log" 2>&1
+  rc=$?
+  echo "$stage rc=$rc ${SECONDS}s-total $((SECONDS - start))s" | tee -a "$out/stages.txt"
+  tail -25 "$out/$stage.log"
+done
