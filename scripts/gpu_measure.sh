@@ -26,8 +26,8 @@ engine() {  # engine SECONDS ARTIFACT-STEM [ninfer-bench engine flags]
 run_stage() {
   local name=$1
   case $name in
-    tests) timeout 150 python3 -m pytest -q -p no:cacheprovider -rf --tb=short \
-             ${TESTS:-tests/kernels/test_linear.py tests/kernels/test_moe.py tests/engine/test_engine_graphs.py} ;;
+    tests) timeout "${TEST_SECONDS:-150}" python3 -m pytest -q -p no:cacheprovider -rf \
+             --tb=short -k "${TEST_K:-}" ${TESTS:-tests/kernels tests/engine/test_engine_graphs.py} ;;
     build27) build 300 qwen3_6_27b nvfp4 ;;
     build27int) build 300 qwen3_6_27b groupwise-int ;;
     build35) build 240 qwen3_6_35b_a3b nvfp4 ;;
