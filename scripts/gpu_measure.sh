@@ -42,6 +42,7 @@ run_stage() {
              --spec mtp --draft-tokens 3 --lm-head-draft ;;
     dflash35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
                 --spec dflash --draft-tokens 7 --lm-head-draft ;;
+    gemv) timeout 110 python3 scripts/gemv_sweep.py --budget-s 80 ;;
     *) echo "unknown stage $name"; return 2 ;;
   esac
 }
