@@ -6,8 +6,10 @@ from ninfer_runtime.engine.stats import IntervalRecorder, StepRecord
 
 
 def step(start: float, end: float, prefill: int, decode: int, running: int, prefilling: int,
-         decode_ready: int) -> StepRecord:
-    return StepRecord(start, end, prefill, decode, running, prefilling, decode_ready)
+         decode_ready: int, rows: int | None = None) -> StepRecord:
+    """rows: requests that got tokens (default: one token each, as without spec)."""
+    return StepRecord(start, end, prefill, decode, decode if rows is None else rows, running,
+                      prefilling, decode_ready)
 
 
 def test_records_count_steps_by_the_second_they_end_in() -> None:
@@ -41,3 +43,11 @@ def test_old_records_are_dropped() -> None:
     records = rec.complete(501.0)
     assert [r["start"] for r in records] == [496.0, 497.0, 498.0, 499.0, 500.0]
     assert sum(r["committed_decode_tokens"] for r in records) == 3
+
+
+def test_speculative_rounds_count_requests_not_tokens() -> None:
+    rec = IntervalRecorder()
+    rec.record(step(7.1, 7.2, 0, 7, running=2, prefilling=0, decode_ready=2, rows=2))
+    rec.record(step(7.2, 7.3, 0, 2, running=2, prefilling=0, decode_ready=2, rows=2))
+    [record] = rec.complete(8.0)
+    assert record["rows_per_round"] == [2, 2] and record["committed_decode_tokens"] == 9

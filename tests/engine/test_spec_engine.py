@@ -201,7 +201,8 @@ def test_partial_and_full_acceptance(spec_model: Callable, kind: str) -> None:
     records = eng.intervals()
     assert sum(r["committed_decode_tokens"] for r in records) == sum(
         r.sampling.max_tokens for r in reqs)
-    assert max(n for r in records for n in r["rows_per_round"]) > k + 1  # several per request
+    rounds = [n for r in records for n in r["rows_per_round"]]  # requests per round, not tokens
+    assert max(rounds) <= len(reqs) and sum(rounds) < sum(r.sampling.max_tokens for r in reqs)
 
 
 def test_stop_token_inside_an_accepted_block(spec_model: Callable) -> None:

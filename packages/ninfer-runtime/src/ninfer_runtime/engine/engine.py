@@ -191,7 +191,7 @@ class Engine:
             self._propose(work, hidden, taps)
         self._intervals.record(StepRecord(
             wall_start, self._wall_clock(), prefill_tokens,
-            sum(len(o.new_token_ids) for o in outputs), running=len(work),
+            sum(len(o.new_token_ids) for o in outputs), len(outputs), running=len(work),
             prefilling=schedule.prefilling, decode_ready=schedule.decode_ready))
         return outputs
 

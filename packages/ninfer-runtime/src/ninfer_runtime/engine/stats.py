@@ -6,8 +6,8 @@ up with their own clocks), contiguous from the first step on, idle seconds inclu
 - computed_prefill_tokens, committed_decode_tokens: prompt tokens computed and tokens generated
   (the first token of a request included) by the steps that ended in the interval;
 - decode_rounds, rows_per_round: the steps that ended in the interval with at least one token
-  generated, and how many tokens each generated (one per request, or up to K+1 per request
-  with speculative decoding);
+  generated, and how many requests each generated tokens for (its rows: one token each, or
+  up to K+1 each with speculative decoding);
 - running, prefilling, decode_ready: the largest batch composition of any step overlapping the
   interval (a maximum, so a second in which requests came and went shows its peak).
 
@@ -49,6 +49,7 @@ class StepRecord:
     end: float
     prefill_tokens: int
     decode_tokens: int
+    decode_rows: int  # requests that got tokens
     running: int
     prefilling: int
     decode_ready: int
@@ -87,8 +88,8 @@ class IntervalRecorder:
         r = self._at(last)
         r.computed_prefill_tokens += step.prefill_tokens
         r.committed_decode_tokens += step.decode_tokens
-        if step.decode_tokens:
-            r.rows_per_round.append(step.decode_tokens)
+        if step.decode_rows:
+            r.rows_per_round.append(step.decode_rows)
 
     def complete(self, now: float, since: float | None = None) -> list[dict[str, Any]]:
         """The records that ended by `now` and start at or after `since`."""
