@@ -42,10 +42,10 @@ run_stage() {
              --spec mtp --draft-tokens 3 --lm-head-draft ;;
     dflash35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
                 --spec dflash --draft-tokens 7 --lm-head-draft ;;
-    ctx35) timeout 240 python3 -m ninfer_bench.cli context --artifact 35b="$ART/qwen3_6_35b_a3b_nvfp4.ninfer" \
+    ctx35) timeout 240 python3 -m ninfer_bench.cli context --serve "python3 -m ninfer_serve.cli" --artifact 35b="$ART/qwen3_6_35b_a3b_nvfp4.ninfer" \
              --context-lengths "${CTX_LIST:-8192,65536}" --seeds 1 --max-tokens 128 --max-context 70000 \
              --output "$out/context-35b" ;;
-    sat35) timeout 240 python3 -m ninfer_bench.cli concurrency --suite decode-saturation \
+    sat35) timeout 240 python3 -m ninfer_bench.cli concurrency --suite decode-saturation --serve "python3 -m ninfer_serve.cli" \
              --artifact 35b="$ART/qwen3_6_35b_a3b_nvfp4.ninfer" --concurrency 1 --concurrency 8 \
              --decode-tokens 512 --output "$out/saturation-35b" ;;
     gemv) timeout 110 python3 scripts/gemv_sweep.py --budget-s 80 ;;
