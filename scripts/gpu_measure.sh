@@ -32,6 +32,8 @@ run_stage() {
     build27int) build 300 qwen3_6_27b groupwise-int ;;
     build35) build 240 qwen3_6_35b_a3b nvfp4 ;;
     eng27) engine 240 qwen3_6_27b_nvfp4 --concurrency 1,8 ;;
+    eng27gemv) NINFER_GEMV_MAX_M=1 engine 200 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
+                 --output "$out/gemv" ;;
     eng27int) engine 150 qwen3_6_27b_groupwise-int --concurrency 1 --no-breakdown ;;
     mtp27) engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
              --spec mtp --draft-tokens 3 --lm-head-draft ;;

@@ -76,3 +76,23 @@ def test_default_config_is_valid(n: int, k: int, m: int) -> None:
     assert splits == cfg.split_k and split_len % cfg.block_k == 0
     assert (splits - 1) * split_len < k <= splits * split_len
 
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_linear_routes_few_rows_to_the_gemv(scheme: str, monkeypatch: pytest.MonkeyPatch
+                                            ) -> None:
+    """With GEMV_MAX_M set, packed_linear's decode rows take the GEMV with its default config
+    (the split chosen for the shape) and still match the reference."""
+    from ninfer_runtime.ops import quant_linear
+
+    monkeypatch.setattr(quant_linear, "GEMV_MAX_M", 8)
+    calls = []
+    monkeypatch.setattr(quant_gemv, "gemv", lambda *a, **kw: calls.append(kw) or run_gemv(*a, **kw))
+    w = packed(scheme, 96, 1024, seed=4)
+    for m in (1, 3, 8):
+        x = rand(m, 1024, dtype=HALF, seed=m)
+        check(quant_linear.packed_linear(x, w), x, w)
+    assert len(calls) == 3
+
+
+run_gemv = quant_gemv.gemv
