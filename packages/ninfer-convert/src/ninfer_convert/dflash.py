@@ -35,7 +35,14 @@ import torch
 from ninfer_convert import hub
 from ninfer_convert.checkpoint import Checkpoint, ConvertError
 from ninfer_convert.mapping import TensorPlan
-from ninfer_convert.sources import REPO_ID, ModelSource, RandomTensors, Shape, TensorStore
+from ninfer_convert.sources import (
+    REPO_ID,
+    ModelSource,
+    RandomTensors,
+    Shape,
+    TensorStore,
+    describe_origin,
+)
 from ninfer_runtime.config import FULL_ATTENTION, ModelConfig
 from ninfer_runtime.models.dflash import (
     DRAFT_ARCHITECTURE,
@@ -69,10 +76,7 @@ class DFlashSource:
 
     @property
     def where(self) -> str:
-        o = self.origin
-        if o["kind"] == "hub":
-            return f"{o['repo_id']}@{o['revision']}"
-        return o.get("path") or f"random-init(seed={o.get('seed')})"
+        return describe_origin(self.origin)
 
     def plans(self) -> list[TensorPlan]:
         """The dflash.* outputs, their sources named as in the merged store (STORE_PREFIX)."""

@@ -85,10 +85,14 @@ class ModelSource:
     @property
     def where(self) -> str:
         """The origin in words, for messages."""
-        o = self.origin
-        if o["kind"] == "hub":
-            return f"{o['repo_id']}@{o['revision']}"
-        return o.get("path") or f"random-init(seed={o.get('seed')})"
+        return describe_origin(self.origin)
+
+
+def describe_origin(o: dict[str, Any]) -> str:
+    """A source's origin record (hub / local / random-init) in words."""
+    if o["kind"] == "hub":
+        return f"{o['repo_id']}@{o['revision']}"
+    return o.get("path") or f"random-init(seed={o.get('seed')})"
 
 
 def open_source(spec: str, *, random_init: bool = False, seed: int = 0,
