@@ -50,6 +50,8 @@ run_stage() {
     sat35) timeout 240 python3 -m ninfer_bench.cli concurrency --suite decode-saturation --serve "python3 -m ninfer_serve.cli" \
              --artifact 35b="$ART/qwen3_6_35b_a3b_nvfp4.ninfer" --concurrency 1 --concurrency 8 \
              --decode-tokens 512 --output "$out/saturation-35b" ;;
+    hf27) timeout 200 python3 scripts/hf_baseline.py qwen3_6_27b --context "$CTX" --tokens 32 ;;
+    hf35) timeout 200 python3 scripts/hf_baseline.py qwen3_6_35b_a3b --context "$CTX" --tokens 32 ;;
     gemv) timeout 110 python3 scripts/gemv_sweep.py --budget-s 80 ;;
     *) echo "unknown stage $name"; return 2 ;;
   esac
