@@ -127,3 +127,7 @@ def inspect_command(file: Path, verify: bool) -> None:
         click.echo(describe(file, verify=verify))
     except ArtifactError as e:
         raise click.ClickException(str(e)) from None
+
+
+if __name__ == "__main__":
+    main()
