@@ -32,8 +32,6 @@ run_stage() {
     build27int) build 300 qwen3_6_27b groupwise-int ;;
     build35) build 240 qwen3_6_35b_a3b nvfp4 ;;
     eng27) engine 240 qwen3_6_27b_nvfp4 --concurrency 1,8 ;;
-    eng27gemv) NINFER_GEMV_MAX_M=1 engine 200 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
-                 --output "$out/gemv" ;;
     eng27int) engine 150 qwen3_6_27b_groupwise-int --concurrency 1 --no-breakdown ;;
     mtp27) engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
              --spec mtp --draft-tokens 3 --lm-head-draft ;;
@@ -52,7 +50,6 @@ run_stage() {
              --decode-tokens 512 --output "$out/saturation-35b" ;;
     hf27) timeout 200 python3 scripts/hf_baseline.py qwen3_6_27b --context "$CTX" --tokens 32 ;;
     hf35) timeout 200 python3 scripts/hf_baseline.py qwen3_6_35b_a3b --context "$CTX" --tokens 32 ;;
-    gemv) timeout 110 python3 scripts/gemv_sweep.py --budget-s 80 ;;
     *) echo "unknown stage $name"; return 2 ;;
   esac
 }

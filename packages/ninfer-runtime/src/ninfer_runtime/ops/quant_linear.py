@@ -59,9 +59,6 @@ except ImportError:  # CPU-only install: linear() runs the reference
     triton = None
 
 SKINNY_MAX_M = 16  # up to here the decode kernel, above it the tiled GEMM
-# up to here the CUDA-core GEMV (ops.quant_gemv) instead of the tensor-core decode kernel; off
-# (0) until its sweep on the GPU picks it (NINFER_GEMV_MAX_M=1 turns it on to measure it)
-GEMV_MAX_M = int(os.environ.get("NINFER_GEMV_MAX_M", "0"))
 # the decode kernel's fp16 operands come from inline PTX on the GPU (False: the pure-Triton
 # twin, bit-identical and slower; the interpreter always runs the twin)
 DECODE_ASM = True
@@ -145,12 +142,7 @@ def packed_linear(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    if m <= GEMV_MAX_M:
-        from ninfer_runtime.ops import quant_gemv  # it builds on this module's helpers
-
-        config = quant_gemv.default_config(n, k, m, _sm_count(x.device))
-        quant_gemv.gemv(x, ops, out, **config.kwargs())
-    elif m <= SKINNY_MAX_M:
+    if m <= SKINNY_MAX_M:
         _launch_decode(x, ops, out)
     else:
         _launch_gemm(x, ops, out)
