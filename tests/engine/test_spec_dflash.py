@@ -116,3 +116,26 @@ def test_dflash_needs_its_draft(tiny_artifact: Callable[[str], Path],
     loaded = dflash_model("dense")
     with pytest.raises(ValueError, match="does not fit the DFlash draft's block of 16"):
         DFlashProposer(loaded.drafts.dflash, loaded.model.embed_tokens, torch.argmax, 16)
+
+
+def test_dflash_block_pass_through_graph_buffers(dflash_model: Callable) -> None:
+    """The block pass replayed from static buffers (the CUDA-graph path, uncaptured on the
+    CPU) drafts what the draft drafts on the sequence alone."""
+    loaded = dflash_model("dense")
+    k = 3
+    proposer = make_proposer(EngineConfig(spec="dflash", draft_tokens=k), loaded.drafts,
+                             loaded.model)
+    eng = make_engine(loaded, proposer, kv_dtype="bf16", spec="dflash", draft_tokens=k)
+    proposer.capture_graphs(4, 8, capture=False)
+    replays = Counter()
+    run_graph = proposer.graphs.run
+    proposer.graphs.run = lambda b: replays.update([b.num_tokens]) or run_graph(b)
+
+    def check(eng: Engine) -> None:
+        for state in eng.scheduler.running.values():
+            if state.drafts:
+                assert state.drafts == reference_drafts(
+                    loaded, state.token_ids(0, state.num_computed + 1), k)
+
+    drain(eng, mixed(4, max_tokens=6), after_step=check)
+    assert sum(replays.values()) >= 6 and len(replays) > 1

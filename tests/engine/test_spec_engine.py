@@ -505,3 +505,28 @@ def test_verify_segments_beside_prompt_chunks_take_their_own_gdn_paths(
     with pytest.raises(ValueError, match="2 snapshot slots for a segment of 3"):
         StepBatch.build([Segment(draft, 9, [0], 0, snapshot_slots=[1, 0])], 16, "cpu")
 
+
+
+def test_mtp_draft_steps_through_graph_buffers(spec_model: Callable) -> None:
+    """The chain steps replayed from static buffers (the CUDA-graph path, uncaptured on the
+    CPU) draft what the single-sequence recursion drafts, and the engine's tokens stay the
+    plain ones."""
+    loaded = spec_model("dense")
+    k, reqs = 3, mixed(4, max_tokens=6)
+    proposer = MTPProposer(loaded.drafts.mtp, k)
+    eng = make_engine(loaded, proposer, kv_dtype="bf16", spec="mtp", draft_tokens=k)
+    proposer.capture_graphs(4, 8, capture=False)
+    assert proposer.graphs is not None
+    replays = Counter()
+    run_graph = proposer.graphs.run
+    proposer.graphs.run = lambda *a: replays.update([a[0].num_tokens]) or run_graph(*a)
+
+    def check(eng: Engine) -> None:
+        for state in eng.scheduler.running.values():
+            if state.drafts:
+                assert state.drafts == reference_drafts(
+                    loaded, state.token_ids(0, state.num_computed + 1), k)[0]
+
+    run = drain(eng, reqs, after_step=check)
+    assert run.tokens == drain(make_engine(loaded, kv_dtype="bf16"), reqs).tokens
+    assert sum(replays.values()) >= 2 * 6 and len(replays) > 1  # several batch sizes

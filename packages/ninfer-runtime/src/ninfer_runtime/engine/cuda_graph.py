@@ -23,10 +23,14 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from ninfer_runtime.engine.batch import StepBatch
+from ninfer_runtime.engine.batch import LogitsRows, Segment, StepBatch
 
-Forward = Callable[[StepBatch], tuple[torch.Tensor, ...]]  # -> hidden, logits[, taps]
+# (step, *inputs) -> outputs, e.g. hidden, logits[, taps]
+Forward = Callable[..., tuple[torch.Tensor, ...]]
 ExampleBatch = Callable[[int, int], StepBatch]  # (num_seqs, tokens_per_seq) -> a valid step
+# (num_seqs, tokens_per_seq) -> example tensors the forward takes beside the step (a draft
+# model's previous hidden state)
+ExampleInputs = Callable[[int, int], tuple[torch.Tensor, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,16 +47,27 @@ def shape_of(batch: StepBatch) -> GraphShape | None:
     return GraphShape(b, n // b)
 
 
+def example_step(num_seqs: int, tokens: int, page_size: int, device: torch.device | str,
+                 logits: LogitsRows = "last") -> StepBatch:
+    """A step of num_seqs segments of `tokens` tokens at position 0 of page 0 (state slot 0):
+    the shape a graph records; what it writes there is overwritten before anyone reads it."""
+    return StepBatch.build([Segment([0] * tokens, 0, [0], 0, logits)] * num_seqs, page_size,
+                           device)
+
+
 class _Captured:
     """One shape's static inputs, outputs and (on a GPU) its graph."""
 
-    def __init__(self, example: StepBatch, max_pages: int):
+    def __init__(self, example: StepBatch, max_pages: int, inputs: tuple[torch.Tensor, ...]):
         self.static = _padded(example, max_pages)
+        self.inputs = tuple(t.clone() for t in inputs)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple[torch.Tensor, ...] = ()
 
-    def load(self, batch: StepBatch) -> None:
+    def load(self, batch: StepBatch, inputs: tuple[torch.Tensor, ...]) -> None:
         """Copy the step's inputs into the static ones (same shapes, page tables padded)."""
+        for src, dst in zip(inputs, self.inputs, strict=True):
+            dst.copy_(src, non_blocking=True)
         for f in fields(StepBatch):
             src, dst = getattr(batch, f.name), getattr(self.static, f.name)
             if not isinstance(src, torch.Tensor):
@@ -76,9 +91,10 @@ class StepGraphs:
     """Graphs (or, with capture=False, static-buffer eager runs) of `forward` per shape."""
 
     def __init__(self, forward: Forward, example: ExampleBatch, max_pages: int, *,
-                 capture: bool = True):
+                 capture: bool = True, example_inputs: ExampleInputs | None = None):
         self.forward = forward
         self.example = example
+        self.example_inputs = example_inputs
         self.max_pages = max_pages
         self.capture = capture
         self._shapes: dict[GraphShape, _Captured] = {}
@@ -92,7 +108,9 @@ class StepGraphs:
         """Warm up (autotune) and capture every shape, largest first so that the smaller
         graphs reuse the largest one's memory pool."""
         for shape in sorted(shapes, key=lambda s: -s.num_seqs * s.tokens_per_seq):
-            entry = _Captured(self.example(shape.num_seqs, shape.tokens_per_seq), self.max_pages)
+            n, t = shape.num_seqs, shape.tokens_per_seq
+            inputs = self.example_inputs(n, t) if self.example_inputs is not None else ()
+            entry = _Captured(self.example(n, t), self.max_pages, inputs)
             if self.capture:
                 self._record(entry)
             self._shapes[shape] = entry
@@ -103,28 +121,33 @@ class StepGraphs:
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # autotuning and lazy initialisation happen here, not in capture
-                self.forward(entry.static)
+                self.forward(entry.static, *entry.inputs)
         torch.cuda.current_stream(device).wait_stream(stream)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            entry.outputs = self.forward(entry.static)
+            entry.outputs = self.forward(entry.static, *entry.inputs)
         entry.graph = graph
 
-    def can_run(self, batch: StepBatch) -> bool:
+    def can_run(self, batch: StepBatch, *inputs: torch.Tensor) -> bool:
         shape = shape_of(batch)
-        return shape in self._shapes and _matches(batch, self._shapes[shape].static)
-
-    def run(self, batch: StepBatch) -> tuple[torch.Tensor, ...]:
-        """The forward's outputs (hidden [N, H], logits of the step's logits rows, ...);
-        valid until the next run."""
-        shape = shape_of(batch)
-        assert shape is not None and self.can_run(batch), "no graph for this step"
+        if shape not in self._shapes:
+            return False
         entry = self._shapes[shape]
-        entry.load(batch)
+        return _matches(batch, entry.static) and len(inputs) == len(entry.inputs) and all(
+            a.shape == b.shape and a.dtype == b.dtype
+            for a, b in zip(inputs, entry.inputs, strict=True))
+
+    def run(self, batch: StepBatch, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The forward's outputs (hidden [N, H], logits of the step's logits rows, ...) for
+        the step and the extra inputs; valid until the next run."""
+        shape = shape_of(batch)
+        assert shape is not None and self.can_run(batch, *inputs), "no graph for this step"
+        entry = self._shapes[shape]
+        entry.load(batch, inputs)
         if entry.graph is None:
-            return self.forward(entry.static)
+            return self.forward(entry.static, *entry.inputs)
         entry.graph.replay()
         return entry.outputs
 

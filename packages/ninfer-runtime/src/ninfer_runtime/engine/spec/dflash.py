@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ninfer_runtime.engine.batch import Segment, StepBatch
+from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs, example_step
 from ninfer_runtime.engine.spec.proposer import Committed
 from ninfer_runtime.models.cache import PagedKV
 from ninfer_runtime.models.dflash import DFlashDraft
@@ -39,6 +40,7 @@ class DFlashProposer:
         self.taps = draft.config.target_layer_ids
         self.caches: list[PagedKV] = []
         self.page_size = 0
+        self.graphs: StepGraphs | None = None
 
     def cache_bytes_per_token(self, int8_kv: bool) -> int:
         """The draft keeps its K/V in the compute dtype whatever the target's KV dtype."""
@@ -48,6 +50,25 @@ class DFlashProposer:
     def allocate(self, num_pages: int, page_size: int, int8_kv: bool) -> None:
         self.caches = self.draft.allocate_cache(num_pages, page_size)
         self.page_size = page_size
+
+    def _block_pass(self, blocks: StepBatch) -> tuple[torch.Tensor]:
+        """Drafts [B, K] of the blocks [anchor, MASK x K] of a step."""
+        h = self.draft.propose(blocks.token_ids, blocks, self.caches, self.embed_tokens)
+        b, k = blocks.cu_seqlens.shape[0] - 1, self.num_drafts
+        drafts = self.argmax(h.view(b, k + 1, -1)[:, 1:].reshape(b * k, -1))
+        return (drafts.view(b, k),)
+
+    def capture_graphs(self, max_concurrency: int, max_pages: int, *,
+                       capture: bool = True) -> None:
+        """The block pass: one graph per batch size (context injection stays eager: its
+        row count varies with what each request accepted)."""
+        device = self.draft.device
+        self.graphs = StepGraphs(
+            self._block_pass,
+            lambda n, t: example_step(n, t, self.page_size, device, "all"), max_pages,
+            capture=capture)
+        self.graphs.capture_all(GraphShape(b, self.num_drafts + 1)
+                                for b in range(1, max_concurrency + 1))
 
     def propose(self, hidden: torch.Tensor, taps: torch.Tensor | None,
                 committed: Sequence[Committed]) -> list[list[int]]:
@@ -69,8 +90,9 @@ class DFlashProposer:
             [Segment([committed[i].next_token_ids[-1], *[mask] * k],
                      committed[i].next_position, committed[i].pages, 0, "all")
              for i in proposing], self.page_size, device)
-        h = self.draft.propose(blocks.token_ids, blocks, self.caches, self.embed_tokens)
-        drafts = self.argmax(h.view(len(proposing), k + 1, -1)[:, 1:].reshape(-1, h.shape[-1]))
-        for i, ids in zip(proposing, drafts.view(len(proposing), k).tolist(), strict=True):
+        run = self.graphs.run if self.graphs is not None and self.graphs.can_run(blocks) \
+            else self._block_pass
+        [drafts] = run(blocks)
+        for i, ids in zip(proposing, drafts.tolist(), strict=True):
             out[i] = ids
         return out

@@ -21,6 +21,7 @@ import torch
 
 from ninfer_runtime.config import FULL_ATTENTION
 from ninfer_runtime.engine.batch import Segment, StepBatch
+from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs, example_step
 from ninfer_runtime.engine.kv_pool import kv_bytes_per_token
 from ninfer_runtime.engine.spec.proposer import Committed
 from ninfer_runtime.models.cache import PagedKV
@@ -37,6 +38,7 @@ class MTPProposer:
         self.argmax = draft_argmax or (lambda hidden: mtp.logits(hidden).argmax(-1))
         self.kv: PagedKV | None = None
         self.page_size = 0
+        self.graphs: StepGraphs | None = None
 
     def cache_bytes_per_token(self, int8_kv: bool) -> int:
         """One attention layer's K/V in the target's KV format."""
@@ -47,6 +49,23 @@ class MTPProposer:
     def allocate(self, num_pages: int, page_size: int, int8_kv: bool) -> None:
         self.kv = self.mtp.allocate_cache(num_pages, page_size, int8_kv)
         self.page_size = page_size
+
+    def _chain_step(self, step: StepBatch, hidden: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.kv is not None
+        hidden = self.mtp.forward_batch(step, hidden, self.kv)
+        return hidden, self.argmax(hidden)
+
+    def capture_graphs(self, max_concurrency: int, max_pages: int, *,
+                       capture: bool = True) -> None:
+        """The K-1 single-token draft steps: one graph per batch size."""
+        device, h = self.mtp.device, self.mtp.config.hidden_size
+        self.graphs = StepGraphs(
+            self._chain_step, lambda n, t: example_step(n, t, self.page_size, device),
+            max_pages, capture=capture,
+            example_inputs=lambda n, _: (torch.zeros(n, h, dtype=self.mtp.dtype,
+                                                     device=device),))
+        self.graphs.capture_all(GraphShape(b, 1) for b in range(1, max_concurrency + 1))
 
     def propose(self, hidden: torch.Tensor, taps: torch.Tensor | None,
                 committed: Sequence[Committed]) -> list[list[int]]:
@@ -70,8 +89,13 @@ class MTPProposer:
                 [Segment([0], committed[i].next_position + j - 1, committed[i].pages, 0)
                  for i in proposing], self.page_size, device)
             # the token ids are the previous drafts, still on the device
-            h = self.mtp.forward_batch(replace(step, token_ids=drafts[-1]), h, self.kv)
-            drafts.append(self.argmax(h))
+            step = replace(step, token_ids=drafts[-1])
+            if self.graphs is not None and self.graphs.can_run(step, h):
+                h, ids = self.graphs.run(step, h)
+                drafts.append(ids.clone())  # the graph's output buffer is reused
+            else:
+                h, ids = self._chain_step(step, h)
+                drafts.append(ids)
         for i, ids in zip(proposing, torch.stack(drafts, dim=1).tolist(), strict=True):
             out[i] = ids
         return out

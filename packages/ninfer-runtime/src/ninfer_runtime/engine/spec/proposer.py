@@ -54,6 +54,11 @@ class Proposer(Protocol):
         """Allocate its caches: `num_pages` pages of `page_size` tokens, addressed by the page
         ids of the requests' target page tables (int8_kv: the engine's KV dtype)."""
 
+    def capture_graphs(self, max_concurrency: int, max_pages: int, *,
+                       capture: bool = True) -> None:
+        """After allocate(): record its fixed-shape draft steps for 1..max_concurrency
+        requests as CUDA graphs (capture=False: the same static-buffer path, uncaptured)."""
+
     def propose(self, hidden: torch.Tensor, taps: torch.Tensor | None,
                 committed: Sequence[Committed]) -> list[list[int]]:
         """Take in the committed rows of the step (hidden [N, H]: the target's final-normed
