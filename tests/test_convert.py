@@ -6,6 +6,7 @@ with plain torch.cat / torch.stack, independently of the converter's streaming c
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -589,3 +590,24 @@ def test_progress_shows_bytes_on_a_terminal_only(terminal):
         advance(2_000_000)
     assert ("3.0/3.0 MB" in out.getvalue()) == terminal
     assert bool(out.getvalue()) == terminal
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_random_init_draws_on_the_build_device_reproducibly(device: str) -> None:
+    """--random-init draws where the build quantizes (a 27B model is minutes of CPU draws):
+    the same (seed, name) gives the same values on one device type, handed over on the CPU;
+    the CPU's values are the ones every earlier CPU build drew."""
+    from ninfer_convert.sources import RandomTensors
+
+    layout = hf_layout(get_profile("tiny_dense").config)
+    name = next(n for n in layout if n.endswith("mlp.down_proj.weight"))
+    a = RandomTensors(layout, seed=5, device=device).load(name)["weight"]
+    b = RandomTensors(layout, seed=5, device=device).load(name)["weight"]
+    assert a.device.type == "cpu" and torch.equal(a, b)
+    assert 0.015 < a.float().std() < 0.025  # N(0, 0.02)
+    if device == "cpu":  # as drawn before draws could move: one CPU generator, N(0, 0.02)
+        digest = hashlib.sha256(f"5:{name}".encode()).digest()
+        gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        want = (torch.randn(a.numel(), generator=gen) * 0.02).to(a.dtype).view(a.shape)
+        assert torch.equal(a, want)

@@ -97,9 +97,11 @@ def build_command(source: str, weights: str, output: Path | None, random_init: b
         if dflash is None and dflash_revision is not None:
             raise ConvertError("--dflash-revision needs --dflash")
         check_output_path(path)
-        model = open_source(source, random_init=random_init, seed=seed, revision=revision)
+        model = open_source(source, random_init=random_init, seed=seed, revision=revision,
+                            device=options.device)
         if dflash is not None:
-            model = with_dflash(model, dflash, seed=seed, revision=dflash_revision)
+            model = with_dflash(model, dflash, seed=seed, revision=dflash_revision,
+                                device=options.device)
         if lm_head_draft:
             model = with_draft_vocab(model, draft_vocab or DEFAULT_SIZE, draft_vocab_text)
         if model.tokenizer_json is None:

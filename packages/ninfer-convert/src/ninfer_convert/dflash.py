@@ -164,25 +164,27 @@ def random_draft_config(target: ModelConfig) -> dict[str, Any]:
 
 def _draw(name: str, n: int, shape: Shape, gen: torch.Generator) -> torch.Tensor:
     """Random draft values: N(0, 0.02) for linears, 1 + N(0, 0.02) for the plain-w norms."""
-    values = torch.randn(n, generator=gen) * 0.02
+    values = torch.randn(n, generator=gen, device=gen.device) * 0.02
     return values + 1.0 if len(shape) == 1 else values
 
 
 def with_dflash(source: ModelSource, spec: str, *, seed: int = 0,
-                revision: str | None = None) -> ModelSource:
+                revision: str | None = None, device: str = "cpu") -> ModelSource:
     """`source` with the DFlash draft DRAFT = `spec` to pack (see `open_dflash`)."""
-    return replace(source, dflash=open_dflash(spec, source.config, seed=seed, revision=revision))
+    return replace(source, dflash=open_dflash(spec, source.config, seed=seed, revision=revision,
+                                              device=device))
 
 
 def open_dflash(spec: str, target: ModelConfig, *, seed: int = 0,
-                revision: str | None = None) -> DFlashSource:
-    """Resolves --dflash DRAFT: `random`, then an existing directory, then a hub repo id."""
+                revision: str | None = None, device: str = "cpu") -> DFlashSource:
+    """Resolves --dflash DRAFT: `random` (drawn on `device`), then an existing directory,
+    then a hub repo id."""
     if revision is not None and (spec == RANDOM or Path(spec).is_dir()):
         raise DFlashError("--dflash-revision applies only to a draft fetched from the hub")
     if spec == RANDOM:
         hf = random_draft_config(target)
         config = _parse(hf, "random draft", target)
-        return DFlashSource(config, hf, RandomTensors(draft_layout(config), seed, _draw),
+        return DFlashSource(config, hf, RandomTensors(draft_layout(config), seed, _draw, device),
                             {"kind": "random-init", "seed": seed})
     path = Path(spec)
     if path.is_dir():

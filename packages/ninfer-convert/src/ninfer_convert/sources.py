@@ -96,14 +96,15 @@ def describe_origin(o: dict[str, Any]) -> str:
 
 
 def open_source(spec: str, *, random_init: bool = False, seed: int = 0,
-                revision: str | None = None) -> ModelSource:
-    """Resolves SOURCE: a profile name, then an existing directory, then a hub repo id."""
+                revision: str | None = None, device: str = "cpu") -> ModelSource:
+    """Resolves SOURCE: a profile name, then an existing directory, then a hub repo id
+    (`device`: where --random-init draws its values)."""
     profile = PROFILES.get(spec)
     if revision is not None and (random_init or Path(spec).is_dir()):
         raise SourceError("--revision applies only to sources fetched from the hub")
     if profile is not None:
         if random_init:
-            return random_source(profile, seed)
+            return random_source(profile, seed, device)
         if profile.hf_repo is None:
             raise SourceError(f"profile {spec!r} has no Hugging Face repo; use --random-init")
         return hub_source(profile.hf_repo, revision, profile.name)
@@ -151,7 +152,7 @@ def local_source(directory: Path, origin: dict[str, Any],
     )
 
 
-def random_source(profile: Profile, seed: int) -> ModelSource:
+def random_source(profile: Profile, seed: int, device: str = "cpu") -> ModelSource:
     """The profile's exact architecture with random weights and the stand-in tokenizer."""
     tokenizer_json, template = load_standin("tiny" if profile.is_tiny else "qwen")
     return ModelSource(
@@ -159,7 +160,7 @@ def random_source(profile: Profile, seed: int) -> ModelSource:
         generation_config=profile.generation_config,
         tokenizer_json=tokenizer_json,
         chat_template=template,
-        store=RandomTensors(hf_layout(profile.config), seed),
+        store=RandomTensors(hf_layout(profile.config), seed, device=device),
         origin={"kind": "random-init", "seed": seed},
         profile=profile.name,
     )
@@ -306,12 +307,18 @@ class RandomTensors:
     embeddings, small values around 0 for the (1 + w) RMSNorms, 1 for the GDN gated norm and
     LayerNorm scales, 0 for biases, A = exp(A_log) uniform in [1, 16] and
     dt_bias = softplus^-1(dt), dt log-uniform in [1e-3, 1e-1] (the Mamba-2 initialisation).
+
+    Values are drawn on `device` and handed over on the CPU: a 27B model is ~27e9 draws, minutes
+    for one CPU generator and a moment for a GPU's. CPU and CUDA generators differ, so a
+    tensor depends on (seed, name, the device type that drew it).
     """
 
     CHUNK = 1 << 24  # elements drawn at once, bounding the fp32 temporaries
 
-    def __init__(self, layout: dict[str, tuple[Shape, str]], seed: int, draw: Draw | None = None):
+    def __init__(self, layout: dict[str, tuple[Shape, str]], seed: int, draw: Draw | None = None,
+                 device: str = "cpu"):
         self.seed = seed
+        self.device = device
         self._layout = layout
         self._draw = draw or _draw
         origin = f"random-init(seed={seed})"
@@ -324,28 +331,30 @@ class RandomTensors:
     def load(self, name: str) -> dict[str, torch.Tensor]:
         shape, tag = self._layout[name]
         digest = hashlib.sha256(f"{self.seed}:{name}".encode()).digest()
-        gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-        out = torch.empty(shape, dtype=DTYPES[tag])
+        gen = torch.Generator(self.device).manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        out = torch.empty(shape, dtype=DTYPES[tag], device=self.device)
         flat = out.view(-1)
         for start in range(0, flat.numel(), self.CHUNK):
             n = min(self.CHUNK, flat.numel() - start)
             flat[start:start + n] = self._draw(name, n, shape, gen)
-        return {"weight": out}
+        return {"weight": out.cpu()}
 
 
 def _draw(name: str, n: int, shape: Shape, gen: torch.Generator) -> torch.Tensor:
-    """`n` fp32 values of tensor `name` (see RandomTensors for the rules)."""
+    """`n` fp32 values of tensor `name` on gen's device (see RandomTensors for the rules)."""
+    device = gen.device
     if name.endswith("A_log"):
-        return torch.empty(n).uniform_(1.0, 16.0, generator=gen).log_()
+        return torch.empty(n, device=device).uniform_(1.0, 16.0, generator=gen).log_()
     if name.endswith("dt_bias"):
-        dt = torch.empty(n).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp_()
+        dt = torch.empty(n, device=device).uniform_(math.log(1e-3), math.log(1e-1),
+                                                    generator=gen).exp_()
         return dt + torch.log(-torch.expm1(-dt))  # inverse of softplus
     if name.endswith(".bias"):
-        return torch.zeros(n)
+        return torch.zeros(n, device=device)
     if name.endswith("linear_attn.norm.weight") or (name.startswith(VISION) and "norm" in name):
-        return torch.ones(n)
+        return torch.ones(n, device=device)
     if name.endswith("conv1d.weight"):
         bound = shape[-1] ** -0.5
-        return torch.empty(n).uniform_(-bound, bound, generator=gen)
+        return torch.empty(n, device=device).uniform_(-bound, bound, generator=gen)
     std = 0.02 if len(shape) > 1 else 0.01  # 1-D here: the (1 + w) RMSNorm weights
-    return torch.randn(n, generator=gen) * std
+    return torch.randn(n, generator=gen, device=device) * std
