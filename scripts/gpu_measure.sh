@@ -50,6 +50,7 @@ run_stage() {
              --decode-tokens 512 --output "$out/saturation-35b" ;;
     hf27) timeout 200 python3 scripts/hf_baseline.py qwen3_6_27b --context "$CTX" --tokens 32 ;;
     hf35) timeout 200 python3 scripts/hf_baseline.py qwen3_6_35b_a3b --context "$CTX" --tokens 32 ;;
+    splits) timeout 200 python3 scripts/split_sweep.py ;;
     *) echo "unknown stage $name"; return 2 ;;
   esac
 }
