@@ -200,3 +200,34 @@ def test_bad_layout_is_rejected() -> None:
     missing = {r: p for r, p in w.parts.items() if r != "weight_zero"}
     with pytest.raises(quant_linear.PackedWeightError, match="weight_zero"):
         linear(rand(1, 256, dtype=HALF), PackedWeight(w.scheme, missing, w.shape))
+
+
+@pytest.mark.parametrize("k", [256, 384])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_dequantized_operand_is_the_weight(scheme: str, k: int) -> None:
+    """The prefill's dequantized weight (fp32, so nothing rounds) times the nvfp4 global
+    scale is the reference dequantization: odd N, K off the tile."""
+    w = packed(scheme, 80, k)
+    ops = quant_linear._operands(w)
+    got = quant_linear.dequantize_operand(ops, torch.float32).double()
+    if scheme == "nvfp4":
+        got = got * (ops.gscale.double() * 2.0**8)[:, None]
+    torch.testing.assert_close(got, w.dequantize(torch.float64), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, HALF])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_long_prefill_takes_dequantize_then_matmul(scheme: str, dtype: torch.dtype,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """From DEQUANT_MIN_M rows the weight is dequantized once and multiplied by cuBLAS (torch
+    on the CPU): the same result as the fused GEMM, within the output's rounding."""
+    calls = []
+    monkeypatch.setattr(quant_linear, "dequantize_operand", lambda *a, _f=(
+        quant_linear.dequantize_operand): calls.append(1) or _f(*a))
+    monkeypatch.setattr(quant_linear, "DEQUANT_MIN_M", 24)
+    w = packed(scheme, 80, 384, seed=5)
+    x = rand(24, 384, dtype=dtype)
+    check(linear(x, w), x, w)
+    assert calls == [1]
+    check(linear(x[:23], w), x[:23], w)  # below the threshold: the fused GEMM
+    assert calls == [1]

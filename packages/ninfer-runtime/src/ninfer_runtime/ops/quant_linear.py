@@ -32,6 +32,11 @@ Kernels:
 - `_gemm_kernel`, prefill (M > SKINNY_MAX_M): tiled tensor-core GEMM; the [BN, BK] weight tile
   is dequantized in registers to x.dtype (exact for nvfp4 in bf16 and fp16), interleaved back
   to input order and fed to tl.dot (wgmma) with the activation tile, fp32 accumulation.
+- `_dequant_kernel`, prefill of at least DEQUANT_MIN_M rows: the same tile decode,
+  stored as a whole x.dtype weight for cuBLAS. On the H200 the fused GEMM reaches ~43% of bf16
+  FLOPs (the decode in its inner loop) where cuBLAS bf16 reaches 85-90% on the same shapes;
+  writing the weight out costs ~2.6 bytes per weight once per call, which a chunk of hundreds
+  of rows repays (nvfp4 gate_up, 1,024 rows: ~1.05 ms fused against ~0.13 + ~0.5 ms).
 
 NOTE: `scripts/sass_report.py` compiles these kernels for sm_90 without a GPU and prints the
 SASS instructions per weight of each inner loop (the budget for 4.24 TB/s of nvfp4 on an H200
@@ -59,6 +64,7 @@ except ImportError:  # CPU-only install: linear() runs the reference
     triton = None
 
 SKINNY_MAX_M = 16  # up to here the decode kernel, above it the tiled GEMM
+DEQUANT_MIN_M = 512  # from here dequantize once and call cuBLAS (_dequant_kernel)
 # the decode kernel's fp16 operands come from inline PTX on the GPU (False: the pure-Triton
 # twin, bit-identical and slower; the interpreter always runs the twin)
 DECODE_ASM = True
@@ -144,9 +150,38 @@ def packed_linear(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
         return out
     if m <= SKINNY_MAX_M:
         _launch_decode(x, ops, out)
+    elif m >= DEQUANT_MIN_M:
+        dequant_matmul(x, ops, out)
     else:
         _launch_gemm(x, ops, out)
     return out
+
+
+def dequantize_operand(ops: _Operands, dtype: torch.dtype) -> torch.Tensor:
+    """The weight [N, K] in `dtype` as the GEMM's operand: nvfp4 e2m1 * s * 2^-8 (exact; the
+    global scale and 2^8 are applied to the product), groupwise-int (q - z) * s (rounded once,
+    as the reference does)."""
+    n, k = ops.words.shape[0], ops.words.shape[1] * 8
+    w = torch.empty((n, k), dtype=dtype, device=ops.words.device)
+    bn, bk = (64, 256) if ops.layout.scheme == _NVFP4_ID else (64, _GROUP_BK)
+    _dequant_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
+        ops.words, ops.scale, ops.zero, w, n, k, ops.words.stride(0), ops.scale.stride(0),
+        SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale, BN=bn, BK=bk,
+        EVEN_K=k % bk == 0)
+    return w
+
+
+def dequant_matmul(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
+    """out = x @ W^T by dequantizing W to x.dtype and one cuBLAS GEMM (fp32 accumulation)."""
+    w = dequantize_operand(ops, x.dtype)
+    if ops.layout.scheme != _NVFP4_ID:
+        torch.mm(x, w.t(), out=out)
+        return
+    # the global scale on the fp32 product, rounded once (the CPU, under the interpreter, has
+    # no half-in / fp32-out GEMM)
+    acc = torch.mm(x, w.t(), out_dtype=torch.float32) if x.is_cuda \
+        else x.float() @ w.float().t()
+    torch.mul(acc, ops.gscale * 2.0**8, out=out)
 
 
 def _precision(x: torch.Tensor) -> str:
@@ -471,6 +506,31 @@ if triton is not None:
             acc = acc * (g * _NV_OUT)[None, :]
         dst = out_ptr + ms.to(tl.int64)[:, None] * N + rows[None, :]
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
+
+    @triton.jit
+    def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_w, stride_s,
+                        SCHEME: tl.constexpr, WPS: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr, EVEN_K: tl.constexpr):
+        """out [BN, BK] tile of the weight, decoded as `_gemm_kernel` feeds it to tl.dot."""
+        rows = tl.program_id(0) * BN + tl.arange(0, BN)
+        row_ok = rows < N
+        k0 = tl.program_id(1) * BK
+        words, mul, add = _load_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w,
+                                     stride_s, SCHEME, WPS, BK, EVEN_K, _NV_DOT_SCALE)
+        mul = _per_word(mul, WPS)
+        add = _per_word(add, WPS)
+        dtype = out_ptr.dtype.element_ty
+        w = _interleave8(_operand(words, 0, mul, add, SCHEME, dtype),
+                         _operand(words, 1, mul, add, SCHEME, dtype),
+                         _operand(words, 2, mul, add, SCHEME, dtype),
+                         _operand(words, 3, mul, add, SCHEME, dtype),
+                         _operand(words, 4, mul, add, SCHEME, dtype),
+                         _operand(words, 5, mul, add, SCHEME, dtype),
+                         _operand(words, 6, mul, add, SCHEME, dtype),
+                         _operand(words, 7, mul, add, SCHEME, dtype))
+        ks = k0 + tl.arange(0, BK)
+        mask = row_ok[:, None] if EVEN_K else row_ok[:, None] & (ks < K)[None, :]
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], w, mask=mask)
 
     @triton.jit
     def _splitk_reduce_kernel(part_ptr, g_ptr, out_ptr, MN, N, SPLITS, SCHEME: tl.constexpr,
