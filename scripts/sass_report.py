@@ -99,22 +99,21 @@ def report(label: str, kernel, weights_per_thread: int, tmp: Path) -> None:
 
 
 def decode_variants(asm: bool, tmp: Path) -> None:
-    for scheme, tuner in (("nvfp4", ql._decode_nv), ("groupwise-int", ql._decode_int)):
+    for scheme in ("nvfp4", "groupwise-int"):
         sid, wps = SCHEME_IDS[scheme]
         for x_type in ("bf16", "fp16"):
             for bm in (ql._DECODE_BM,):
-                for cfg in tuner.configs:
-                    bn, bk = cfg.kwargs["BN"], cfg.kwargs["BK"]
+                for cfg in ql.DECODE_CONFIGS[sid]:
+                    bn, bk = cfg.bn, cfg.bk
                     sig = dict(zip(ARGS, (f"*{x_type}", "*i32", *PARTS[scheme], "*fp32",
                                           "i32", "i32", "i32", "i32", "i32", "i32"), strict=True))
                     sig["split_len"] = "i32"
                     cst = {"SCHEME": sid, "WPS": wps, "BM": bm, "DIRECT": False, "ASM": asm,
                            "PRECISION": "tf32", "EVEN_K": True, "BN": bn, "BK": bk}
-                    k = compile_variant(ql._decode_kernel, sig, cst, cfg.num_warps,
-                                        cfg.num_stages)
+                    k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages)
                     label = (f"decode {scheme} x={x_type} BM={bm} BN={bn} BK={bk} "
-                             f"w={cfg.num_warps} s={cfg.num_stages}")
-                    report(label, k, bn * bk // (32 * cfg.num_warps), tmp)
+                             f"w={cfg.warps} s={cfg.stages}")
+                    report(label, k, bn * bk // (32 * cfg.warps), tmp)
 
 
 def gemm_variants(tmp: Path) -> None:

@@ -1,12 +1,13 @@
 """Decode-linear time against the K split's target grid size, on the GPU (one call, ~1 min).
 
 The hypothesis it tests (docs/perf.md, 2026-12-03): the quantized decode kernel loses half its
-bandwidth to wave quantization. `k_split` aims at _PROGRAMS_PER_SM = 4 programs per SM counted
-with BN = 64, which puts the 27B shapes at 1.03-1.45 waves of resident programs for every
-autotuned BN (e.g. gate_up, N = 34816: 136 / 272 / 544 programs for BN 256 / 128 / 64 where
-132 / 264 / 528 fit at once), so a second, nearly empty wave doubles the time. Larger targets
-give more, smaller K chunks: more waves (less quantization loss), shorter pipelines per program
-and more fp32 partials. For each target it re-autotunes and times every 27B decode shape:
+bandwidth to wave quantization. `k_split` at 4 programs per SM (counted with BN = 64) puts the
+27B shapes at 1.03-1.45 waves of resident programs for every BN (e.g. gate_up, N = 34816:
+136 / 272 / 544 programs for BN 256 / 128 / 64 where 132 / 264 / 528 fit at once), so a second,
+nearly empty wave doubles the time. Larger targets give more, smaller K chunks: more waves
+(less quantization loss), shorter pipelines per program and more fp32 partials. The decode
+tuner already chooses among quant_linear.SPLIT_TARGETS; this times each target alone, with the
+best config for it, on every 27B decode shape:
 
     python3 scripts/split_sweep.py [--targets 4,8,16,32] [--schemes nvfp4,groupwise-int]
 """
@@ -47,22 +48,20 @@ def main() -> None:
             size = weight_bytes(first)
             copies = max(1, -(-4 * 50 * 2**20 // size))
             ws = [first] + [random_weight(scheme, n, k, "cuda", gen) for _ in range(copies - 1)]
-            tuner = ql._decode_nv if scheme == "nvfp4" else ql._decode_int
             for m in (int(v) for v in args.m.split(",")):
                 x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
                 for target in targets:
-                    ql._PROGRAMS_PER_SM = target
-                    tuner.cache.clear()
+                    ql.SPLIT_TARGETS = (target,)
+                    ql._decode_plans.clear()
                     call = _rotating(ws, x)
-                    call()  # autotune for this split
+                    call()  # tune the config for this split
                     torch.cuda.synchronize()
                     us = do_bench_cudagraph(call, rep=20, return_mode="median") * 1e3
                     moved = size + 2 * m * (k + n)
-                    splits = ql.k_split(n, k, x.device)[1]
-                    cfg = tuner.best_config
-                    lines.append(f"| {name} {n}x{k} | {scheme} | {m} | {target} | {splits} "
-                                 f"| BN={cfg.kwargs['BN']} w={cfg.num_warps} "
-                                 f"s={cfg.num_stages} | {us:.1f} "
+                    [plan] = ql._decode_plans.values()
+                    cfg = plan.config
+                    lines.append(f"| {name} {n}x{k} | {scheme} | {m} | {target} | {plan.splits} "
+                                 f"| BN={cfg.bn} w={cfg.warps} s={cfg.stages} | {us:.1f} "
                                  f"| {100 * moved / BANDWIDTH / (us * 1e-6):.1f}% |")
                     print(lines[-1], flush=True)
             del ws, first

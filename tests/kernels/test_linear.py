@@ -37,6 +37,8 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NINFER_OPS", "triton")
     for tuner in quant_linear.AUTOTUNED:
         monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
+    monkeypatch.setattr(quant_linear, "DECODE_TUNING", False)
+    monkeypatch.setattr(quant_linear, "_decode_plans", {})
 
 
 def packed(scheme: str, n: int, k: int, *lead: int, seed: int = 0) -> PackedWeight:
@@ -231,3 +233,17 @@ def test_long_prefill_takes_dequantize_then_matmul(scheme: str, dtype: torch.dty
     assert calls == [1]
     check(linear(x[:23], w), x[:23], w)  # below the threshold: the fused GEMM
     assert calls == [1]
+
+
+def test_decode_candidates_cover_every_config_and_split_target() -> None:
+    """The decode tuner's choices: each config with the K split of each target (distinct
+    splits only), the default first."""
+    device = torch.device(DEVICE)
+    n, k = (256, 8192) if DEVICE == "cpu" else (5120, 17408)  # the interpreter has 4 "SMs"
+    plans = quant_linear.decode_candidates(n, k, 0, device)
+    splits = list(dict.fromkeys(quant_linear.k_split(n, k, device, t)
+                                for t in quant_linear.SPLIT_TARGETS))
+    configs = list(dict.fromkeys(p.config for p in plans))
+    assert [(p.split_len, p.splits) for p in plans] == splits * len(configs)
+    assert (plans[0].split_len, plans[0].splits) == quant_linear.k_split(n, k, device)
+    assert len(splits) == 2 and splits[1][1] > splits[0][1]  # more programs at 16 per SM

@@ -70,8 +70,13 @@ DEQUANT_MIN_M = 512  # from here dequantize once and call cuBLAS (_dequant_kerne
 DECODE_ASM = True
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
-_PROGRAMS_PER_SM = 4  # the K split aims at this many programs per SM
+# programs per SM the K split may aim at (counted with BN = 64); the decode tuner times each
+# with each config: the first is the default, the larger ones trade pipeline length for more
+# waves (a grid just past one wave of resident programs loses half its time to the tail)
+SPLIT_TARGETS = (4, 16)
+DECODE_TUNING = True  # False: the first config and split target, untimed (tests)
 _MAX_SPLITS = 16
+_SPLIT_GRANULE = 256  # K chunks are whole multiples of every decode config's BK
 _GROUP_BK = 128  # groupwise-int: the decode kernel's K tile is one quantization group
 # decode rows padded to 16 for every M <= 16: wgmma (N = 16) with the x tile converted once
 # per program beats mma.sync (N = 8), which converts it in every warp (scripts/sass_report.py)
@@ -196,35 +201,91 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def k_split(n: int, k: int, device: torch.device) -> tuple[int, int]:
+def k_split(n: int, k: int, device: torch.device, target: int = SPLIT_TARGETS[0]
+            ) -> tuple[int, int]:
     """(split_len, splits) of the decode kernel's K axis.
 
     Row tiles alone fill the GPU on wide matrices (gate|up, lm_head); a narrow one (down_proj,
-    N = 5120, K = 17408) gets its K cut into chunks so that the grid reaches about
-    _PROGRAMS_PER_SM programs per SM. Chunks are whole multiples of every config's BK.
+    N = 5120, K = 17408) gets its K cut into chunks so that the grid reaches about `target`
+    programs per SM. Chunks are whole multiples of every config's BK.
     """
     tiles = triton.cdiv(n, 64)  # a typical BN
-    want = triton.cdiv(_PROGRAMS_PER_SM * _sm_count(device), tiles)
+    want = triton.cdiv(target * _sm_count(device), tiles)
     splits = max(1, min(want, k // _SPLIT_GRANULE, _MAX_SPLITS))
     split_len = triton.cdiv(triton.cdiv(k, splits), _SPLIT_GRANULE) * _SPLIT_GRANULE
     return split_len, triton.cdiv(k, split_len)
 
 
+@dataclass(frozen=True)
+class DecodeConfig:
+    bn: int  # output rows per program
+    bk: int  # inputs per K tile
+    warps: int
+    stages: int
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    config: DecodeConfig
+    split_len: int
+    splits: int
+
+
+# The weight tile is the wgmma A operand in registers (64 rows per warp group); wide row tiles
+# amortize the x tile's conversion and its copy to shared memory. BN = 64 is for narrow
+# matrices (more programs). ~3.2-3.5 SASS instructions per weight for nvfp4 with bf16
+# activations, ~2.9-3.3 for groupwise-int (sm_90, Triton 3.6, no spills). BK is a multiple of
+# 128 (one groupwise-int group) and >= 128 (tl.dot needs BK/8 >= 16). The interpreter runs one.
+DECODE_CONFIGS = {
+    _NVFP4_ID: [DecodeConfig(bn, 256, w, s) for bn, w, s in ((256, 8, 3), (128, 4, 3),
+                                                             (64, 4, 4))],
+    _INT_ID: [DecodeConfig(bn, _GROUP_BK, w, s) for bn, w, s in ((256, 8, 4), (128, 4, 4),
+                                                                (64, 4, 4))],
+}
+_INTERPRETER_CONFIGS = {_NVFP4_ID: DecodeConfig(32, 256, 4, 1),
+                        _INT_ID: DecodeConfig(32, _GROUP_BK, 4, 1)}
+_decode_plans: dict[tuple, DecodePlan] = {}
+
+
+def decode_candidates(n: int, k: int, scheme: int, device: torch.device) -> list[DecodePlan]:
+    """Every (config, K split) the decode tuner may pick for an [n, k] weight; the first is
+    the default."""
+    configs = [_INTERPRETER_CONFIGS[scheme]] if _INTERPRET else DECODE_CONFIGS[scheme]
+    splits = dict.fromkeys(k_split(n, k, device, t) for t in SPLIT_TARGETS)
+    return [DecodePlan(c, *split) for c in configs for split in splits]
+
+
 def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
+    """The decode kernel with the plan tuned for this weight shape: every candidate timed as
+    CUDA-graph replays on the first call (before any graph captures the step, as the engine's
+    warm-up guarantees), then reused for every M."""
+    n, k = out.shape[1], x.shape[1]
+    key = (n, k, ops.layout.scheme, x.dtype, x.device)
+    plan = _decode_plans.get(key)
+    if plan is None:
+        candidates = decode_candidates(n, k, ops.layout.scheme, x.device)
+        plan = candidates[0]
+        if DECODE_TUNING and len(candidates) > 1 and x.is_cuda:
+            from triton.testing import do_bench_cudagraph
+
+            plan = min(candidates, key=lambda c: do_bench_cudagraph(
+                lambda: _run_decode(x, ops, out, c), rep=20, return_mode="median"))
+        _decode_plans[key] = plan
+    _run_decode(x, ops, out, plan)
+
+
+def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: DecodePlan) -> None:
     m, k = x.shape
     n = out.shape[1]
-    split_len, splits = k_split(n, k, x.device)
+    c, splits = plan.config, plan.splits
     direct = splits == 1
     dst = out if direct else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-    kernel = _decode_nv if ops.layout.scheme == _NVFP4_ID else _decode_int
-
-    def grid(meta: dict) -> tuple[int, int]:
-        return triton.cdiv(n, meta["BN"]), splits
-
-    kernel[grid](x, ops.words, ops.scale, ops.zero, ops.gscale, dst, m, n, k, x.stride(0),
-                 ops.words.stride(0), ops.scale.stride(0), split_len,
-                 SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale, BM=_DECODE_BM,
-                 DIRECT=direct, ASM=DECODE_ASM and not _INTERPRET, PRECISION=_precision(x))
+    _decode_kernel[(triton.cdiv(n, c.bn), splits)](
+        x, ops.words, ops.scale, ops.zero, ops.gscale, dst, m, n, k, x.stride(0),
+        ops.words.stride(0), ops.scale.stride(0), plan.split_len,
+        SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale, BM=_DECODE_BM,
+        DIRECT=direct, ASM=DECODE_ASM and not _INTERPRET, PRECISION=_precision(x),
+        EVEN_K=k % c.bk == 0, BN=c.bn, BK=c.bk, num_warps=c.warps, num_stages=c.stages)
     if not direct:
         block = 1024
         _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
@@ -549,24 +610,11 @@ if triton is not None:
         return args["K"] % args["BK"] == 0
 
     # Autotune spaces are small on purpose: every config is compiled per kernel variant, and
-    # each first holds the defaults the tests pin (AUTOTUNED). BK is a multiple of 128 (one
-    # groupwise-int group) and >= 128 (tl.dot needs BK/8 >= 16).
-    # NOTE: tuning runs on a key's first call; warm every decode bucket up before capturing
-    # the engine's CUDA graphs.
-    _DECODE_KEY = ["N", "K", "SCHEME"]
-    # The weight tile is the wgmma A operand in registers (64 rows per warp group); wide row
-    # tiles amortize the x tile's conversion and its copy to shared memory. BN = 64 is for
-    # narrow matrices (more programs). ~3.2-3.5 SASS instructions per weight for nvfp4 with
-    # bf16 activations, ~2.9-3.3 for groupwise-int (sm_90, Triton 3.6, no spills).
-    _decode_nv = triton.autotune(_configs(
-        [({"BN": bn, "BK": 256}, w, s) for bn, w, s in ((256, 8, 3), (128, 4, 3), (64, 4, 4))],
-        ({"BN": 32, "BK": 256}, 4, 1)), key=_DECODE_KEY, do_bench=_graph_bench)(
-        triton.heuristics({"EVEN_K": _even_k})(_decode_kernel))
-    _decode_int = triton.autotune(_configs(
-        [({"BN": bn, "BK": _GROUP_BK}, w, s) for bn, w, s in (
-            (256, 8, 4), (128, 4, 4), (64, 4, 4))],
-        ({"BN": 32, "BK": _GROUP_BK}, 4, 1)), key=_DECODE_KEY, do_bench=_graph_bench)(
-        triton.heuristics({"EVEN_K": _even_k})(_decode_kernel))
+    # each first holds the default the tests pin (AUTOTUNED). BK is a multiple of 128 (one
+    # groupwise-int group). The decode kernel has its own tuner (_launch_decode), which also
+    # picks the K split.
+    # NOTE: tuning runs on a key's first call; warm every shape up before capturing the
+    # engine's CUDA graphs.
     # prefill: dequantizing costs ~6-8 instructions per weight, shared by BM rows of MMA work,
     # so tall tiles pay it least
     _gemm = triton.autotune(_configs(
@@ -576,5 +624,6 @@ if triton is not None:
         ({"BM": 32, "BN": 32, "BK": 256, "GROUP_M": 2}, 4, 1)),
         key=["m_bucket", "N", "K", "SCHEME"], do_bench=_graph_bench)(
         triton.heuristics({"EVEN_K": _even_k})(_gemm_kernel))
-    AUTOTUNED = (_decode_nv, _decode_int, _gemm)
-    _SPLIT_GRANULE = max(c.kwargs["BK"] for c in _decode_nv.configs + _decode_int.configs)
+    AUTOTUNED = (_gemm,)
+    assert all(c.bk <= _SPLIT_GRANULE and _SPLIT_GRANULE % c.bk == 0
+               for cs in DECODE_CONFIGS.values() for c in cs)
