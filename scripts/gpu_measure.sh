@@ -26,7 +26,7 @@ engine() {  # engine SECONDS ARTIFACT-STEM [ninfer-bench engine flags]
 run_stage() {
   local name=$1
   case $name in
-    tests) timeout "${TEST_SECONDS:-150}" python3 -m pytest -q -p no:cacheprovider -rf \
+    tests) timeout "${TEST_SECONDS:-300}" python3 -m pytest -q -p no:cacheprovider -rf \
              --tb=short -k "${TEST_K:-}" ${TESTS:-tests/kernels tests/engine/test_engine_graphs.py} ;;
     build27) build 300 qwen3_6_27b nvfp4 ;;
     build27int) build 300 qwen3_6_27b groupwise-int ;;
