@@ -405,6 +405,25 @@ if triton is not None:
         return w.to(DTYPE)
 
     @triton.jit
+    def _weight_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w, stride_s,
+                     SCHEME: tl.constexpr, WPS: tl.constexpr, BK: tl.constexpr,
+                     EVEN_K: tl.constexpr, DTYPE: tl.constexpr):
+        """The weight tile [BN, BK] of inputs [k0, k0 + BK) in input order, as `_operand`
+        dequantizes it (the prefill GEMM's operand, the dequantized weight's tile)."""
+        words, mul, add = _load_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w,
+                                     stride_s, SCHEME, WPS, BK, EVEN_K, _NV_DOT_SCALE)
+        mul = _per_word(mul, WPS)
+        add = _per_word(add, WPS)
+        return _interleave8(_operand(words, 0, mul, add, SCHEME, DTYPE),
+                            _operand(words, 1, mul, add, SCHEME, DTYPE),
+                            _operand(words, 2, mul, add, SCHEME, DTYPE),
+                            _operand(words, 3, mul, add, SCHEME, DTYPE),
+                            _operand(words, 4, mul, add, SCHEME, DTYPE),
+                            _operand(words, 5, mul, add, SCHEME, DTYPE),
+                            _operand(words, 6, mul, add, SCHEME, DTYPE),
+                            _operand(words, 7, mul, add, SCHEME, DTYPE))
+
+    @triton.jit
     def _interleave8(o0, o1, o2, o3, o4, o5, o6, o7):
         """Eight [R, C] tensors -> [R, 8C] with column 8c + j = oj[:, c] (input order).
 
@@ -549,18 +568,8 @@ if triton is not None:
             ks = k0 + tl.arange(0, BK)
             x_mask = m_ok[:, None] if EVEN_K else m_ok[:, None] & (ks < K)[None, :]
             x = tl.load(x_row + ks[None, :], mask=x_mask, other=0.0)
-            words, mul, add = _load_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w,
-                                         stride_s, SCHEME, WPS, BK, EVEN_K, _NV_DOT_SCALE)
-            mul = _per_word(mul, WPS)
-            add = _per_word(add, WPS)
-            w = _interleave8(_operand(words, 0, mul, add, SCHEME, dtype),
-                             _operand(words, 1, mul, add, SCHEME, dtype),
-                             _operand(words, 2, mul, add, SCHEME, dtype),
-                             _operand(words, 3, mul, add, SCHEME, dtype),
-                             _operand(words, 4, mul, add, SCHEME, dtype),
-                             _operand(words, 5, mul, add, SCHEME, dtype),
-                             _operand(words, 6, mul, add, SCHEME, dtype),
-                             _operand(words, 7, mul, add, SCHEME, dtype))
+            w = _weight_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w, stride_s,
+                             SCHEME, WPS, BK, EVEN_K, dtype)
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
         if SCHEME == _NVFP4:
             g = tl.load(g_ptr + rows, mask=row_ok, other=0.0)
@@ -576,19 +585,8 @@ if triton is not None:
         rows = tl.program_id(0) * BN + tl.arange(0, BN)
         row_ok = rows < N
         k0 = tl.program_id(1) * BK
-        words, mul, add = _load_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w,
-                                     stride_s, SCHEME, WPS, BK, EVEN_K, _NV_DOT_SCALE)
-        mul = _per_word(mul, WPS)
-        add = _per_word(add, WPS)
-        dtype = out_ptr.dtype.element_ty
-        w = _interleave8(_operand(words, 0, mul, add, SCHEME, dtype),
-                         _operand(words, 1, mul, add, SCHEME, dtype),
-                         _operand(words, 2, mul, add, SCHEME, dtype),
-                         _operand(words, 3, mul, add, SCHEME, dtype),
-                         _operand(words, 4, mul, add, SCHEME, dtype),
-                         _operand(words, 5, mul, add, SCHEME, dtype),
-                         _operand(words, 6, mul, add, SCHEME, dtype),
-                         _operand(words, 7, mul, add, SCHEME, dtype))
+        w = _weight_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w, stride_s, SCHEME,
+                         WPS, BK, EVEN_K, out_ptr.dtype.element_ty)
         ks = k0 + tl.arange(0, BK)
         mask = row_ok[:, None] if EVEN_K else row_ok[:, None] & (ks < K)[None, :]
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], w, mask=mask)
