@@ -508,9 +508,9 @@ def test_verify_segments_beside_prompt_chunks_take_their_own_gdn_paths(
 
 
 def test_mtp_draft_steps_through_graph_buffers(spec_model: Callable) -> None:
-    """The chain steps replayed from static buffers (the CUDA-graph path, uncaptured on the
-    CPU) draft what the single-sequence recursion drafts, and the engine's tokens stay the
-    plain ones."""
+    """The padded first pass and the chain steps replayed from static buffers (the CUDA-graph
+    path, uncaptured on the CPU) draft what the single-sequence recursion drafts, and the
+    engine's tokens stay the plain ones."""
     loaded = spec_model("dense")
     k, reqs = 3, mixed(4, max_tokens=6)
     proposer = MTPProposer(loaded.drafts.mtp, k)
@@ -518,8 +518,9 @@ def test_mtp_draft_steps_through_graph_buffers(spec_model: Callable) -> None:
     proposer.capture_graphs(4, 8, capture=False)
     assert proposer.graphs is not None
     replays = Counter()
-    run_graph = proposer.graphs.run
-    proposer.graphs.run = lambda *a: replays.update([a[0].num_tokens]) or run_graph(*a)
+    for name, graphs in (("chain", proposer.graphs), ("first", proposer.first_graphs)):
+        graphs.run = lambda *a, _run=graphs.run, _name=name: replays.update(
+            [(_name, a[0].num_tokens)]) or _run(*a)
 
     def check(eng: Engine) -> None:
         for state in eng.scheduler.running.values():
@@ -529,4 +530,7 @@ def test_mtp_draft_steps_through_graph_buffers(spec_model: Callable) -> None:
 
     run = drain(eng, reqs, after_step=check)
     assert run.tokens == drain(make_engine(loaded, kv_dtype="bf16"), reqs).tokens
-    assert sum(replays.values()) >= 2 * 6 and len(replays) > 1  # several batch sizes
+    chain = {n: c for (kind, n), c in replays.items() if kind == "chain"}
+    first = {n: c for (kind, n), c in replays.items() if kind == "first"}
+    assert sum(chain.values()) >= 2 * 6 and len(chain) > 1  # several batch sizes
+    assert sum(first.values()) >= 3 and all(n % (k + 1) == 0 for n in first)

@@ -10,6 +10,13 @@ overwritten by the next first pass, which starts at the first uncommitted positi
 
 Drafts are the argmax of the full lm_head, or of the compact draft head (--lm-head-draft).
 They stay on the device until all K are known: one host copy per step.
+
+CUDA graphs (capture_graphs) cover both kinds of draft step. In a round where every request
+is decode-ready, the first pass runs each request's segment padded to K+1 rows (a fixed shape):
+the padding rows write MTP K/V past the committed positions, where the chain steps overwrite
+them before anything reads them (each step stores its position before attending to it), and
+the draft comes from the request's last committed row. Rounds with prompt chunks run it
+eagerly.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ class MTPProposer:
         self.argmax = draft_argmax or (lambda hidden: mtp.logits(hidden).argmax(-1))
         self.kv: PagedKV | None = None
         self.page_size = 0
-        self.graphs: StepGraphs | None = None
+        self.graphs: StepGraphs | None = None  # the single-token chain steps
+        self.first_graphs: StepGraphs | None = None  # the padded first pass
 
     def cache_bytes_per_token(self, int8_kv: bool) -> int:
         """One attention layer's K/V in the target's KV format."""
@@ -56,16 +64,56 @@ class MTPProposer:
         hidden = self.mtp.forward_batch(step, hidden, self.kv)
         return hidden, self.argmax(hidden)
 
+    def _first_pass(self, batch: StepBatch, hidden: torch.Tensor, last: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MTP over committed rows; the hidden and draft of rows `last` (one per
+        proposing request)."""
+        assert self.kv is not None
+        h = self.mtp.forward_batch(batch, hidden, self.kv)[last]
+        return h, self.argmax(h)
+
     def capture_graphs(self, max_concurrency: int, max_pages: int, *,
                        capture: bool = True) -> None:
-        """The K-1 single-token draft steps: one graph per batch size."""
-        device, h = self.mtp.device, self.mtp.config.hidden_size
+        """The padded first pass and the K-1 chain steps: graphs per batch size."""
+        device, h, k = self.mtp.device, self.mtp.config.hidden_size, self.num_drafts
+
+        def hidden(rows: int) -> torch.Tensor:
+            return torch.zeros(rows, h, dtype=self.mtp.dtype, device=device)
+
+        self.first_graphs = StepGraphs(
+            self._first_pass, lambda n, t: example_step(n, t, self.page_size, device, "none"),
+            max_pages, capture=capture, example_inputs=lambda n, t: (
+                hidden(n * t), torch.arange(n, device=device) * t + t - 1))
+        self.first_graphs.capture_all(GraphShape(b, k + 1)
+                                      for b in range(1, max_concurrency + 1))
         self.graphs = StepGraphs(
             self._chain_step, lambda n, t: example_step(n, t, self.page_size, device),
-            max_pages, capture=capture,
-            example_inputs=lambda n, _: (torch.zeros(n, h, dtype=self.mtp.dtype,
-                                                     device=device),))
+            max_pages, capture=capture, example_inputs=lambda n, _: (hidden(n),))
         self.graphs.capture_all(GraphShape(b, 1) for b in range(1, max_concurrency + 1))
+
+    def _padded_first_pass(self, hidden: torch.Tensor, committed: Sequence[Committed]
+                           ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The first pass through its graph, when every request proposes after at most K+1
+        committed rows; None otherwise."""
+        t = self.num_drafts + 1
+        size = self.page_size
+        if self.first_graphs is None or not all(
+                c.propose and len(c.rows) <= t and len(c.pages) * size >= c.start + t
+                for c in committed):
+            return None
+        pad = [t - len(c.rows) for c in committed]
+        batch = StepBatch.build([Segment([*c.next_token_ids, *[0] * p], c.start, c.pages, 0,
+                                         "none") for c, p in zip(committed, pad, strict=True)],
+                                size, self.mtp.device)
+        rows = [r for c, p in zip(committed, pad, strict=True) for r in [*c.rows,
+                                                                         *[c.rows[-1]] * p]]
+        last = [i * t + len(c.rows) - 1 for i, c in enumerate(committed)]
+        index = torch.tensor(rows + last, dtype=torch.int64).to(hidden.device, non_blocking=True)
+        inputs = (hidden[index[:len(rows)]], index[len(rows):])
+        if not self.first_graphs.can_run(batch, *inputs):
+            return None
+        h, d1 = self.first_graphs.run(batch, *inputs)
+        return h.clone(), d1.clone()  # the graph's output buffers are reused
 
     def propose(self, hidden: torch.Tensor, taps: torch.Tensor | None,
                 committed: Sequence[Committed]) -> list[list[int]]:
@@ -74,16 +122,19 @@ class MTPProposer:
         if not committed:
             return out
         device = self.mtp.device
-        first = StepBatch.build([Segment(c.next_token_ids, c.start, c.pages, 0,
-                                         "last" if c.propose else "none") for c in committed],
-                                self.page_size, device)
-        rows = torch.tensor([r for c in committed for r in c.rows], dtype=torch.int64)
-        h = self.mtp.forward_batch(first, hidden[rows.to(hidden.device)], self.kv)
         proposing = [i for i, c in enumerate(committed) if c.propose]
+        graphed = self._padded_first_pass(hidden, committed)
+        if graphed is not None:
+            h, d1 = graphed
+        else:
+            first = StepBatch.build([Segment(c.next_token_ids, c.start, c.pages, 0,
+                                             "last" if c.propose else "none")
+                                     for c in committed], self.page_size, device)
+            rows = torch.tensor([r for c in committed for r in c.rows], dtype=torch.int64)
+            h, d1 = self._first_pass(first, hidden[rows.to(hidden.device)], first.logits_rows)
         if not proposing:
             return out
-        h = h[first.logits_rows]
-        drafts = [self.argmax(h)]
+        drafts = [d1]
         for j in range(1, self.num_drafts):
             step = StepBatch.build(
                 [Segment([0], committed[i].next_position + j - 1, committed[i].pages, 0)
