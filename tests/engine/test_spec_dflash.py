@@ -119,8 +119,9 @@ def test_dflash_needs_its_draft(tiny_artifact: Callable[[str], Path],
 
 
 def test_dflash_block_pass_through_graph_buffers(dflash_model: Callable) -> None:
-    """The block pass replayed from static buffers (the CUDA-graph path, uncaptured on the
-    CPU) drafts what the draft drafts on the sequence alone."""
+    """The block pass and the padded context injection replayed from static buffers (the
+    CUDA-graph path, uncaptured on the CPU) draft what the draft drafts on the sequence
+    alone: the padding's K/V never reaches a draft."""
     loaded = dflash_model("dense")
     k = 3
     proposer = make_proposer(EngineConfig(spec="dflash", draft_tokens=k), loaded.drafts,
@@ -128,8 +129,9 @@ def test_dflash_block_pass_through_graph_buffers(dflash_model: Callable) -> None
     eng = make_engine(loaded, proposer, kv_dtype="bf16", spec="dflash", draft_tokens=k)
     proposer.capture_graphs(4, 8, capture=False)
     replays = Counter()
-    run_graph = proposer.graphs.run
-    proposer.graphs.run = lambda b: replays.update([b.num_tokens]) or run_graph(b)
+    for name, graphs in (("block", proposer.graphs), ("context", proposer.context_graphs)):
+        graphs.run = lambda *a, _run=graphs.run, _name=name: replays.update(
+            [(_name, a[0].num_tokens)]) or _run(*a)
 
     def check(eng: Engine) -> None:
         for state in eng.scheduler.running.values():
@@ -138,4 +140,7 @@ def test_dflash_block_pass_through_graph_buffers(dflash_model: Callable) -> None
                     loaded, state.token_ids(0, state.num_computed + 1), k)
 
     drain(eng, mixed(4, max_tokens=6), after_step=check)
-    assert sum(replays.values()) >= 6 and len(replays) > 1
+    block = {n: c for (kind, n), c in replays.items() if kind == "block"}
+    context = {n: c for (kind, n), c in replays.items() if kind == "context"}
+    assert sum(block.values()) >= 6 and len(block) > 1
+    assert sum(context.values()) >= 3 and all(n % (k + 1) == 0 for n in context)

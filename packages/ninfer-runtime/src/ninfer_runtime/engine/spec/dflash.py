@@ -10,6 +10,10 @@ context as those positions are committed, so rejected drafts leave nothing behin
 
 Drafts are the argmax of the target's lm_head over the draft's final-normed hidden, or of the
 compact draft head (--lm-head-draft); one host copy per step.
+
+CUDA graphs (capture_graphs) cover the block pass and, in rounds where every request is
+decode-ready, the context injection with each request's rows padded to K+1: the padding lands
+at positions >= P, which the block pass overwrites (it stores before it attends).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch
 
 from ninfer_runtime.engine.batch import Segment, StepBatch
 from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs, example_step
-from ninfer_runtime.engine.spec.proposer import Committed
+from ninfer_runtime.engine.spec.proposer import Committed, padded_rows
 from ninfer_runtime.models.cache import PagedKV
 from ninfer_runtime.models.dflash import DFlashDraft
 from ninfer_runtime.models.loading import DraftArgmax
@@ -40,7 +44,8 @@ class DFlashProposer:
         self.taps = draft.config.target_layer_ids
         self.caches: list[PagedKV] = []
         self.page_size = 0
-        self.graphs: StepGraphs | None = None
+        self.graphs: StepGraphs | None = None  # the block pass
+        self.context_graphs: StepGraphs | None = None  # the padded context injection
 
     def cache_bytes_per_token(self, int8_kv: bool) -> int:
         """The draft keeps its K/V in the compute dtype whatever the target's KV dtype."""
@@ -58,17 +63,42 @@ class DFlashProposer:
         drafts = self.argmax(h.view(b, k + 1, -1)[:, 1:].reshape(b * k, -1))
         return (drafts.view(b, k),)
 
+    def _inject(self, context: StepBatch, taps: torch.Tensor) -> tuple[()]:
+        self.draft.store_context(taps, context, self.caches)
+        return ()
+
     def capture_graphs(self, max_concurrency: int, max_pages: int, *,
                        capture: bool = True) -> None:
-        """The block pass: one graph per batch size (context injection stays eager: its
-        row count varies with what each request accepted)."""
-        device = self.draft.device
+        """The block pass and the padded context injection: graphs per batch size."""
+        device, t = self.draft.device, self.num_drafts + 1
+        shapes = [GraphShape(b, t) for b in range(1, max_concurrency + 1)]
         self.graphs = StepGraphs(
             self._block_pass,
             lambda n, t: example_step(n, t, self.page_size, device, "all"), max_pages,
             capture=capture)
-        self.graphs.capture_all(GraphShape(b, self.num_drafts + 1)
-                                for b in range(1, max_concurrency + 1))
+        self.graphs.capture_all(shapes)
+        self.context_graphs = StepGraphs(
+            self._inject, lambda n, t: example_step(n, t, self.page_size, device, "none"),
+            max_pages, capture=capture, example_inputs=lambda n, t: (torch.zeros(
+                n * t, self.draft.config.tap_width, dtype=self.draft.dtype, device=device),))
+        self.context_graphs.capture_all(shapes)
+
+    def _store_context(self, taps: torch.Tensor, committed: Sequence[Committed]) -> None:
+        """Every committed row's taps into the draft's caches (through the graph when the
+        round allows, `padded_rows`)."""
+        device = self.draft.device
+        padded = padded_rows(committed, self.num_drafts + 1, self.page_size)
+        if self.context_graphs is not None and padded is not None:
+            segments, rows = padded
+            context = StepBatch.build(segments, self.page_size, device)
+            inputs = taps[torch.tensor(rows, dtype=torch.int64).to(taps.device)]
+            if self.context_graphs.can_run(context, inputs):
+                self.context_graphs.run(context, inputs)
+                return
+        context = StepBatch.build([Segment(c.next_token_ids, c.start, c.pages, 0, "none")
+                                   for c in committed], self.page_size, device)
+        rows_t = torch.tensor([r for c in committed for r in c.rows], dtype=torch.int64)
+        self.draft.store_context(taps[rows_t.to(taps.device)], context, self.caches)
 
     def propose(self, hidden: torch.Tensor, taps: torch.Tensor | None,
                 committed: Sequence[Committed]) -> list[list[int]]:
@@ -78,10 +108,7 @@ class DFlashProposer:
         if not committed:
             return out
         device = self.draft.device
-        context = StepBatch.build([Segment(c.next_token_ids, c.start, c.pages, 0, "none")
-                                   for c in committed], self.page_size, device)
-        rows = torch.tensor([r for c in committed for r in c.rows], dtype=torch.int64)
-        self.draft.store_context(taps[rows.to(taps.device)], context, self.caches)
+        self._store_context(taps, committed)
         proposing = [i for i, c in enumerate(committed) if c.propose]
         if not proposing:
             return out

@@ -30,7 +30,7 @@ from ninfer_runtime.config import FULL_ATTENTION
 from ninfer_runtime.engine.batch import Segment, StepBatch
 from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs, example_step
 from ninfer_runtime.engine.kv_pool import kv_bytes_per_token
-from ninfer_runtime.engine.spec.proposer import Committed
+from ninfer_runtime.engine.spec.proposer import Committed, padded_rows
 from ninfer_runtime.models.cache import PagedKV
 from ninfer_runtime.models.loading import DraftArgmax
 from ninfer_runtime.models.mtp import Qwen3_5MTP
@@ -93,20 +93,13 @@ class MTPProposer:
 
     def _padded_first_pass(self, hidden: torch.Tensor, committed: Sequence[Committed]
                            ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The first pass through its graph, when every request proposes after at most K+1
-        committed rows; None otherwise."""
+        """The first pass through its graph, when the round allows (`padded_rows`)."""
         t = self.num_drafts + 1
-        size = self.page_size
-        if self.first_graphs is None or not all(
-                c.propose and len(c.rows) <= t and len(c.pages) * size >= c.start + t
-                for c in committed):
+        padded = padded_rows(committed, t, self.page_size)
+        if self.first_graphs is None or padded is None:
             return None
-        pad = [t - len(c.rows) for c in committed]
-        batch = StepBatch.build([Segment([*c.next_token_ids, *[0] * p], c.start, c.pages, 0,
-                                         "none") for c, p in zip(committed, pad, strict=True)],
-                                size, self.mtp.device)
-        rows = [r for c, p in zip(committed, pad, strict=True) for r in [*c.rows,
-                                                                         *[c.rows[-1]] * p]]
+        segments, rows = padded
+        batch = StepBatch.build(segments, self.page_size, self.mtp.device)
         last = [i * t + len(c.rows) - 1 for i, c in enumerate(committed)]
         index = torch.tensor(rows + last, dtype=torch.int64).to(hidden.device, non_blocking=True)
         inputs = (hidden[index[:len(rows)]], index[len(rows):])

@@ -16,6 +16,8 @@ from typing import Protocol
 
 import torch
 
+from ninfer_runtime.engine.batch import LogitsRows, Segment
+
 
 @dataclass(frozen=True, slots=True)
 class Committed:
@@ -64,3 +66,22 @@ class Proposer(Protocol):
         """Take in the committed rows of the step (hidden [N, H]: the target's final-normed
         hidden of every row of the step; taps [N, len(taps) * H] or None when none were
         asked for) and return, per entry of `committed`, K drafts when it proposes, else []."""
+
+
+def padded_rows(committed: Sequence[Committed], rows_per_seq: int, page_size: int,
+                logits: LogitsRows = "none") -> tuple[list[Segment], list[int]] | None:
+    """A decode-only round's committed rows as segments of exactly rows_per_seq tokens, for a
+    draft step's CUDA graph: each padded with token 0 at the positions after its committed
+    ones, and the step's row indices (the padding repeats the last committed row). A draft
+    model that stores K/V for these rows must overwrite the padding's positions before it
+    reads them. None when some request does not propose, has more rows, or lacks the pages.
+    """
+    if not all(c.propose and len(c.rows) <= rows_per_seq
+               and len(c.pages) * page_size >= c.start + rows_per_seq for c in committed):
+        return None
+    segments, rows = [], []
+    for c in committed:
+        pad = rows_per_seq - len(c.rows)
+        segments.append(Segment([*c.next_token_ids, *[0] * pad], c.start, c.pages, 0, logits))
+        rows += [*c.rows, *[c.rows[-1]] * pad]
+    return segments, rows
