@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from ninfer_runtime.engine import Engine, EngineConfig, EngineRequest, RequestOutput
+from ninfer_runtime.engine.cuda_graph import StepGraphs
 from ninfer_runtime.engine.request import SamplingParams
 from ninfer_runtime.models.loading import LoadedModel
 
@@ -84,3 +86,12 @@ def alone(loaded: LoadedModel, requests: Sequence[EngineRequest],
     for req in requests:
         out.update(drain(eng, [req]).tokens)
     return out
+
+
+def count_replays(**graphs: StepGraphs) -> Counter[tuple[str, int]]:
+    """Counts, by (name, step tokens), the runs of each StepGraphs from now on."""
+    replays: Counter[tuple[str, int]] = Counter()
+    for name, g in graphs.items():
+        g.run = lambda *a, _run=g.run, _name=name: replays.update(  # type: ignore[method-assign]
+            [(_name, a[0].num_tokens)]) or _run(*a)
+    return replays

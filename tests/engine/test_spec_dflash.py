@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_helpers import TickingClock
+from engine_helpers import TickingClock, count_replays
 from test_spec_engine import BASE, drain, mixed
 
 from ninfer_runtime.engine import Engine, EngineConfig
@@ -128,10 +128,7 @@ def test_dflash_block_pass_through_graph_buffers(dflash_model: Callable) -> None
                              loaded.model)
     eng = make_engine(loaded, proposer, kv_dtype="bf16", spec="dflash", draft_tokens=k)
     proposer.capture_graphs(4, 8, capture=False)
-    replays = Counter()
-    for name, graphs in (("block", proposer.graphs), ("context", proposer.context_graphs)):
-        graphs.run = lambda *a, _run=graphs.run, _name=name: replays.update(
-            [(_name, a[0].num_tokens)]) or _run(*a)
+    replays = count_replays(block=proposer.graphs, context=proposer.context_graphs)
 
     def check(eng: Engine) -> None:
         for state in eng.scheduler.running.values():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_helpers import TickingClock, greedy, prompt, request
+from engine_helpers import TickingClock, count_replays, greedy, prompt, request
 
 from ninfer_runtime import LLM
 from ninfer_runtime.engine import AdmissionError, Engine, EngineConfig, EngineRequest
@@ -517,10 +517,7 @@ def test_mtp_draft_steps_through_graph_buffers(spec_model: Callable) -> None:
     eng = make_engine(loaded, proposer, kv_dtype="bf16", spec="mtp", draft_tokens=k)
     proposer.capture_graphs(4, 8, capture=False)
     assert proposer.graphs is not None
-    replays = Counter()
-    for name, graphs in (("chain", proposer.graphs), ("first", proposer.first_graphs)):
-        graphs.run = lambda *a, _run=graphs.run, _name=name: replays.update(
-            [(_name, a[0].num_tokens)]) or _run(*a)
+    replays = count_replays(chain=proposer.graphs, first=proposer.first_graphs)
 
     def check(eng: Engine) -> None:
         for state in eng.scheduler.running.values():
