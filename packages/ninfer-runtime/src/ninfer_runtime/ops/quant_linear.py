@@ -455,6 +455,70 @@ if triton is not None:
         return acc
 
     @triton.jit
+    def _decode_tile(acc, x_row, w_ptr, s_ptr, z_ptr, row_off, row_ok, m_ok, k0, k_hi,
+                     stride_w, stride_s, SCHEME: tl.constexpr, WPS: tl.constexpr,
+                     BM: tl.constexpr, ASM: tl.constexpr, PRECISION: tl.constexpr,
+                     EVEN_K: tl.constexpr, BK: tl.constexpr, F16: tl.constexpr):
+        """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ x^T (operand offsets kept)."""
+        BKW: tl.constexpr = BK // 8
+        BKS: tl.constexpr = BKW // WPS
+        # k0 is a multiple of BK: tell the compiler, so that the loads are 16-byte wide
+        kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
+        kx = tl.max_contiguous(tl.multiple_of(k0 + tl.arange(0, BK), BK), BK)
+        ks = tl.max_contiguous(tl.multiple_of(k0 // (8 * WPS) + tl.arange(0, BKS), BKS), BKS)
+        if EVEN_K:
+            w_mask = row_ok[:, None]
+            s_mask = row_ok[:, None]
+            x_mask = m_ok[:, None]
+        else:
+            w_mask = row_ok[:, None] & (kw < k_hi // 8)[None, :]
+            s_mask = row_ok[:, None] & (ks < k_hi // (8 * WPS))[None, :]
+            x_mask = m_ok[:, None] & (kx < k_hi)[None, :]
+        words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :], mask=w_mask,
+                        other=0).to(tl.uint32, bitcast=True)
+        s_off = row_off[:, None] * stride_s + ks[None, :]
+        scale = tl.load(s_ptr + s_off, mask=s_mask, other=0.0)
+        x = tl.load(x_row[:, None] + kx[None, :], mask=x_mask, other=0.0)
+        if F16:
+            x = x_operand(x, ASM)
+        xs = _split8(x, BM, BKW)
+        if SCHEME == _NVFP4:
+            if F16:
+                o = nv_operands(words, _per_word(scale.to(tl.uint8, bitcast=True), WPS), ASM)
+            else:
+                mul = _per_word(scale.to(tl.float32) * _NV_DOT_SCALE, WPS)
+                o = (_e2m1(words, 0) * mul, _e2m1(words, 1) * mul, _e2m1(words, 2) * mul,
+                     _e2m1(words, 3) * mul, _e2m1(words, 4) * mul, _e2m1(words, 5) * mul,
+                     _e2m1(words, 6) * mul, _e2m1(words, 7) * mul)
+            acc = _dot8(o, xs, acc, PRECISION)
+        else:
+            # one group: d = sum(o * x) with o = UNIT * q + BIAS, exact in the operand type
+            if F16:
+                o = int_operands(words, ASM)
+                unit, bias = 1.0, _INT_F16_BIAS
+            else:  # 1 + q/16
+                o = (_uint4(words, 0), _uint4(words, 1), _uint4(words, 2), _uint4(words, 3),
+                     _uint4(words, 4), _uint4(words, 5), _uint4(words, 6), _uint4(words, 7))
+                unit, bias = 16.0, 16.0
+            d = _dot8(o, xs, tl.zeros(acc.shape, tl.float32), PRECISION)
+            # the group's sum of the very operand values, from the tile before its split
+            xsum = tl.sum(x.to(tl.float32), axis=1)
+            zero = tl.load(z_ptr + s_off, mask=s_mask, other=0).to(tl.float32)
+            acc += scale.to(tl.float32) * (unit * d - (bias + zero) * xsum[None, :])
+        return acc
+
+    @triton.jit
+    def _decode_result(acc, x_type: tl.constexpr, SCHEME: tl.constexpr, F16: tl.constexpr):
+        """acc [BN, BM] -> [BM, BN] with the operand offsets undone: nvfp4 e2m1 * s * 2^-14
+        (fp16) / 2^-8 (fp32), bf16 x * 2^-6."""
+        out_scale = 1.0
+        if SCHEME == _NVFP4:
+            out_scale = _NV_F16_OUT if F16 else _NV_OUT
+        if x_type == tl.bfloat16:
+            out_scale = out_scale * _X_BF16_OUT
+        return tl.trans(acc) * out_scale
+
+    @triton.jit
     def _decode_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_x,
                        stride_w, stride_s, split_len, SCHEME: tl.constexpr, WPS: tl.constexpr,
                        BM: tl.constexpr, DIRECT: tl.constexpr, ASM: tl.constexpr,
@@ -464,15 +528,12 @@ if triton is not None:
 
         Operands: fp16 for half activations (`quant_decode`), fp32 for fp32 ones (exact
         products, "ieee" dots; tests and references only)."""
-        BKW: tl.constexpr = BK // 8
-        BKS: tl.constexpr = BKW // WPS
         x_type: tl.constexpr = x_ptr.dtype.element_ty
         F16: tl.constexpr = x_type != tl.float32
         tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
         pid_k = tl.program_id(1)
         rows = tl.program_id(0) * BN + tl.arange(0, BN)
         row_ok = rows < N
-        row_off = rows.to(tl.int64)
         ms = tl.arange(0, BM)
         m_ok = ms < M
         k_lo = pid_k * split_len
@@ -480,58 +541,10 @@ if triton is not None:
         x_row = x_ptr + ms.to(tl.int64) * stride_x
         acc = tl.zeros((BN, BM), tl.float32)
         for k0 in range(k_lo, k_hi, BK):
-            # k0 is a multiple of BK: tell the compiler, so that the loads are 16-byte wide
-            kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
-            kx = tl.max_contiguous(tl.multiple_of(k0 + tl.arange(0, BK), BK), BK)
-            ks = tl.max_contiguous(tl.multiple_of(k0 // (8 * WPS) + tl.arange(0, BKS), BKS),
-                                   BKS)
-            if EVEN_K:
-                w_mask = row_ok[:, None]
-                s_mask = row_ok[:, None]
-                x_mask = m_ok[:, None]
-            else:
-                w_mask = row_ok[:, None] & (kw < k_hi // 8)[None, :]
-                s_mask = row_ok[:, None] & (ks < k_hi // (8 * WPS))[None, :]
-                x_mask = m_ok[:, None] & (kx < k_hi)[None, :]
-            words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :], mask=w_mask,
-                            other=0).to(tl.uint32, bitcast=True)
-            s_off = row_off[:, None] * stride_s + ks[None, :]
-            scale = tl.load(s_ptr + s_off, mask=s_mask, other=0.0)
-            x = tl.load(x_row[:, None] + kx[None, :], mask=x_mask, other=0.0)
-            if F16:
-                x = x_operand(x, ASM)
-            xs = _split8(x, BM, BKW)
-            if SCHEME == _NVFP4:
-                if F16:
-                    o = nv_operands(words, _per_word(scale.to(tl.uint8, bitcast=True), WPS),
-                                    ASM)
-                else:
-                    mul = _per_word(scale.to(tl.float32) * _NV_DOT_SCALE, WPS)
-                    o = (_e2m1(words, 0) * mul, _e2m1(words, 1) * mul, _e2m1(words, 2) * mul,
-                         _e2m1(words, 3) * mul, _e2m1(words, 4) * mul, _e2m1(words, 5) * mul,
-                         _e2m1(words, 6) * mul, _e2m1(words, 7) * mul)
-                acc = _dot8(o, xs, acc, PRECISION)
-            else:
-                # one group: d = sum(o * x) with o = UNIT * q + BIAS, exact in the operand type
-                if F16:
-                    o = int_operands(words, ASM)
-                    unit, bias = 1.0, _INT_F16_BIAS
-                else:  # 1 + q/16
-                    o = (_uint4(words, 0), _uint4(words, 1), _uint4(words, 2), _uint4(words, 3),
-                         _uint4(words, 4), _uint4(words, 5), _uint4(words, 6), _uint4(words, 7))
-                    unit, bias = 16.0, 16.0
-                d = _dot8(o, xs, tl.zeros((BN, BM), tl.float32), PRECISION)
-                # the group's sum of the very operand values, from the tile before its split
-                xsum = tl.sum(x.to(tl.float32), axis=1)
-                zero = tl.load(z_ptr + s_off, mask=s_mask, other=0).to(tl.float32)
-                acc += scale.to(tl.float32) * (unit * d - (bias + zero) * xsum[None, :])
-        # undo the operand offsets: nvfp4 e2m1 * s * 2^-14 (fp16) / 2^-8 (fp32), bf16 x * 2^-6
-        out_scale = 1.0
-        if SCHEME == _NVFP4:
-            out_scale = _NV_F16_OUT if F16 else _NV_OUT
-        if x_type == tl.bfloat16:
-            out_scale = out_scale * _X_BF16_OUT
-        res = tl.trans(acc) * out_scale
+            acc = _decode_tile(acc, x_row, w_ptr, s_ptr, z_ptr, rows.to(tl.int64), row_ok,
+                               m_ok, k0, k_hi, stride_w, stride_s, SCHEME, WPS, BM, ASM,
+                               PRECISION, EVEN_K, BK, F16)
+        res = _decode_result(acc, x_type, SCHEME, F16)
         mask = m_ok[:, None] & row_ok[None, :]
         if DIRECT:
             if SCHEME == _NVFP4:
