@@ -74,6 +74,9 @@ _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 # with each config: the first is the default, the larger ones trade pipeline length for more
 # waves (a grid just past one wave of resident programs loses half its time to the tail)
 SPLIT_TARGETS = (4, 16)
+# stream-K grids the tuner also times, in programs per SM: no tail wave, one long pipeline
+# per program, parts of a row tile summed by a second pass
+STREAM_PROGRAMS_PER_SM = (1, 2, 4)
 DECODE_TUNING = True  # False: the first config and split target, untimed (tests)
 _MAX_SPLITS = 16
 _SPLIT_GRANULE = 256  # K chunks are whole multiples of every decode config's BK
@@ -226,9 +229,13 @@ class DecodeConfig:
 
 @dataclass(frozen=True)
 class DecodePlan:
+    """A K split (programs on a (row tile, split) grid), or with `programs` > 0 stream-K:
+    that many programs sharing the (row tile, K tile) iterations evenly."""
+
     config: DecodeConfig
-    split_len: int
-    splits: int
+    split_len: int = 0
+    splits: int = 0
+    programs: int = 0
 
 
 # The weight tile is the wgmma A operand in registers (64 rows per warp group); wide row tiles
@@ -252,7 +259,9 @@ def decode_candidates(n: int, k: int, scheme: int, device: torch.device) -> list
     the default."""
     configs = [_INTERPRETER_CONFIGS[scheme]] if _INTERPRET else DECODE_CONFIGS[scheme]
     splits = dict.fromkeys(k_split(n, k, device, t) for t in SPLIT_TARGETS)
-    return [DecodePlan(c, *split) for c in configs for split in splits]
+    streams = [p * _sm_count(device) for p in STREAM_PROGRAMS_PER_SM]
+    return [DecodePlan(c, *split) for c in configs for split in splits] + [
+        DecodePlan(c, programs=p) for c in configs for p in streams]
 
 
 def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
@@ -275,6 +284,9 @@ def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
 
 
 def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: DecodePlan) -> None:
+    if plan.programs:
+        _run_stream(x, ops, out, plan)
+        return
     m, k = x.shape
     n = out.shape[1]
     c, splits = plan.config, plan.splits
@@ -290,6 +302,26 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
         block = 1024
         _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
             dst, ops.gscale, out, m * n, n, splits, SCHEME=ops.layout.scheme, BLOCK=block)
+
+
+def _run_stream(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: DecodePlan) -> None:
+    m, k = x.shape
+    n = out.shape[1]
+    c = plan.config
+    k_tiles = triton.cdiv(k, c.bk)
+    per = triton.cdiv(triton.cdiv(n, c.bn) * k_tiles, plan.programs)
+    programs = triton.cdiv(triton.cdiv(n, c.bn) * k_tiles, per)
+    max_parts = triton.cdiv(k_tiles, per) + 1  # programs one row tile can span
+    parts = torch.empty((max_parts, m, n), dtype=torch.float32, device=x.device)
+    _decode_stream_kernel[(programs,)](
+        x, ops.words, ops.scale, ops.zero, parts, m, n, k, x.stride(0), ops.words.stride(0),
+        ops.scale.stride(0), per, SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale,
+        BM=_DECODE_BM, ASM=DECODE_ASM and not _INTERPRET, PRECISION=_precision(x),
+        EVEN_K=k % c.bk == 0, BN=c.bn, BK=c.bk, num_warps=c.warps, num_stages=c.stages)
+    block = 1024
+    _stream_reduce_kernel[(triton.cdiv(m * n, block),)](
+        parts, ops.gscale, out, m, n, k_tiles, per, max_parts, SCHEME=ops.layout.scheme,
+        BN=c.bn, BLOCK=block)
 
 
 def _launch_gemm(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
@@ -554,6 +586,60 @@ if triton is not None:
         else:
             dst = out_ptr + (pid_k * M + ms.to(tl.int64))[:, None] * N + rows[None, :]
             tl.store(dst, res, mask=mask)
+
+    @triton.jit
+    def _decode_stream_kernel(x_ptr, w_ptr, s_ptr, z_ptr, part_ptr, M, N, K, stride_x,
+                              stride_w, stride_s, per, SCHEME: tl.constexpr,
+                              WPS: tl.constexpr, BM: tl.constexpr, ASM: tl.constexpr,
+                              PRECISION: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
+                              BK: tl.constexpr):
+        """Stream-K: program p walks iterations [p * per, (p + 1) * per) of the flattened
+        (row tile, K tile) space in one loop, and stores its sum for each row tile it touches
+        as that tile's part p - first(tile) (first(tile): the program that starts the tile),
+        fp32 into part_ptr [parts, M, N]; `_stream_reduce_kernel` adds the parts."""
+        x_type: tl.constexpr = x_ptr.dtype.element_ty
+        F16: tl.constexpr = x_type != tl.float32
+        tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
+        pid = tl.program_id(0)
+        k_tiles = tl.cdiv(K, BK)
+        total = tl.cdiv(N, BN) * k_tiles
+        ms = tl.arange(0, BM)
+        m_ok = ms < M
+        x_row = x_ptr + ms.to(tl.int64) * stride_x
+        it_lo = pid * per
+        it_hi = tl.minimum(total, it_lo + per)
+        acc = tl.zeros((BN, BM), tl.float32)
+        for it in range(it_lo, it_hi):
+            tile = it // k_tiles
+            kt = it - tile * k_tiles
+            rows = tile * BN + tl.arange(0, BN)
+            row_ok = rows < N
+            acc = _decode_tile(acc, x_row, w_ptr, s_ptr, z_ptr, rows.to(tl.int64), row_ok,
+                               m_ok, kt * BK, K, stride_w, stride_s, SCHEME, WPS, BM, ASM,
+                               PRECISION, EVEN_K, BK, F16)
+            if (kt == k_tiles - 1) | (it == it_hi - 1):
+                part = pid - (tile * k_tiles) // per
+                dst = part_ptr + (part * M + ms.to(tl.int64))[:, None] * N + rows[None, :]
+                tl.store(dst, _decode_result(acc, x_type, SCHEME, F16),
+                         mask=m_ok[:, None] & row_ok[None, :])
+                acc = tl.zeros((BN, BM), tl.float32)
+
+    @triton.jit
+    def _stream_reduce_kernel(part_ptr, g_ptr, out_ptr, M, N, k_tiles, per, max_parts,
+                              SCHEME: tl.constexpr, BN: tl.constexpr, BLOCK: tl.constexpr):
+        """out[m, n] = sum of the parts of n's row tile (the programs that touched it, in
+        order), times the nvfp4 global scale, cast."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < M * N
+        n = offs % N
+        tile = n // BN
+        parts = ((tile + 1) * k_tiles - 1) // per - (tile * k_tiles) // per + 1
+        acc = tl.zeros((BLOCK,), tl.float32)
+        for j in range(max_parts):
+            acc += tl.load(part_ptr + j * M * N + offs, mask=mask & (j < parts), other=0.0)
+        if SCHEME == _NVFP4:
+            acc *= tl.load(g_ptr + n, mask=mask, other=0.0)
+        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_x, stride_w,
