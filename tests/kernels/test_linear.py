@@ -86,23 +86,25 @@ def test_linear_matches_reference(scheme: str, m: int, n: int, k: int) -> None:
 @pytest.mark.parametrize("m", [1, 3, 17])
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_fp32_activations(scheme: str, m: int) -> None:
+    """fp32 activations (the CPU reference dtype) take the GEMM at every M, exact products."""
     w = packed(scheme, 80, 384, seed=2)
     x = rand(m, 384, dtype=torch.float32)
     check(linear(x, w), x, w)
 
 
-@pytest.mark.parametrize("path", ["decode-1", "decode-16", "gemm"])
+@pytest.mark.parametrize("rows", ["1", "16", "all"])
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_one_hot_rows_read_back_exact_weights(scheme: str, path: str) -> None:
-    """x = rows of the identity: each output is one dequantized weight, exact in fp32
-    (decode kernel: one row or 16 per call; GEMM: all K rows)."""
+def test_one_hot_rows_read_back_exact_weights(scheme: str, rows: str) -> None:
+    """x = rows of the identity in fp32: each output is one dequantized weight, exact (one
+    row, 16 or all K rows per call; fp32 takes the GEMM; the decode kernel's half-type twin
+    is test_decode_one_hot_in_half_types)."""
     n, k = 48, 256
     w = packed(scheme, n, k, seed=3)
     eye = torch.eye(k, device=DEVICE)
     expected = w.dequantize().T
     # columns 37 apart hit every code position j and several scale blocks
-    batches = {"decode-1": [[c * 37 % k] for c in range(8)],
-               "decode-16": [[c * 37 % k for c in range(16)]], "gemm": [list(range(k))]}[path]
+    batches = {"1": [[c * 37 % k] for c in range(8)],
+               "16": [[c * 37 % k for c in range(16)]], "all": [list(range(k))]}[rows]
     for cols in batches:
         assert torch.equal(linear(eye[cols], w), expected[cols])
 

@@ -19,7 +19,8 @@ Two decoders:
   interpreter.
 
 Kernels:
-- `_decode_kernel`, decode (M <= SKINNY_MAX_M, one token included). A program owns BN output
+- `_decode_kernel`, decode (M <= SKINNY_MAX_M, one token included) of half activations (fp32
+  ones, the CPU reference dtype, take the GEMM, exact with "ieee" dots). A program owns BN output
   rows and one split of K; every M runs on tensor cores, rows padded to 16 (a GEMV is bound by
   decoding, not by the MMA). Per code position j, W_j [BN, BK/8] @ x[:, 8w + j]^T:
   eight dots per tile, the weight the wide operand held in registers (wgmma / mma), so that
@@ -29,7 +30,8 @@ Kernels:
   s * (sum((1024 + q) x) - (1024 + z) * sum(x)). K is split over a second grid axis when
   row tiles alone would leave SMs idle; partials go to a fp32 buffer reduced by
   `_splitk_reduce_kernel` (deterministic, no zeroing, CUDA-graph safe).
-- `_gemm_kernel`, prefill (M > SKINNY_MAX_M): tiled tensor-core GEMM; the [BN, BK] weight tile
+- `_gemm_kernel`, prefill (M > SKINNY_MAX_M; fp32 activations at every M): tiled tensor-core
+  GEMM; the [BN, BK] weight tile
   is dequantized in registers to x.dtype (exact for nvfp4 in bf16 and fp16), interleaved back
   to input order and fed to tl.dot (wgmma) with the activation tile, fp32 accumulation.
 - `_dequant_kernel`, prefill of at least DEQUANT_MIN_M rows: the same tile decode,
@@ -156,7 +158,7 @@ def packed_linear(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    if m <= SKINNY_MAX_M:
+    if m <= SKINNY_MAX_M and x.dtype != torch.float32:
         _launch_decode(x, ops, out)
     elif m >= DEQUANT_MIN_M:
         dequant_matmul(x, ops, out)
@@ -490,8 +492,9 @@ if triton is not None:
     def _decode_tile(acc, x_row, w_ptr, s_ptr, z_ptr, row_off, row_ok, m_ok, k0, k_hi,
                      stride_w, stride_s, SCHEME: tl.constexpr, WPS: tl.constexpr,
                      BM: tl.constexpr, ASM: tl.constexpr, PRECISION: tl.constexpr,
-                     EVEN_K: tl.constexpr, BK: tl.constexpr, F16: tl.constexpr):
-        """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ x^T (operand offsets kept)."""
+                     EVEN_K: tl.constexpr, BK: tl.constexpr):
+        """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ x^T, fp16 operands
+        (`quant_decode`; their offsets are undone by `_decode_result`)."""
         BKW: tl.constexpr = BK // 8
         BKS: tl.constexpr = BKW // WPS
         # k0 is a multiple of BK: tell the compiler, so that the loads are 16-byte wide
@@ -510,42 +513,27 @@ if triton is not None:
                         other=0).to(tl.uint32, bitcast=True)
         s_off = row_off[:, None] * stride_s + ks[None, :]
         scale = tl.load(s_ptr + s_off, mask=s_mask, other=0.0)
-        x = tl.load(x_row[:, None] + kx[None, :], mask=x_mask, other=0.0)
-        if F16:
-            x = x_operand(x, ASM)
+        x = x_operand(tl.load(x_row[:, None] + kx[None, :], mask=x_mask, other=0.0), ASM)
         xs = _split8(x, BM, BKW)
         if SCHEME == _NVFP4:
-            if F16:
-                o = nv_operands(words, _per_word(scale.to(tl.uint8, bitcast=True), WPS), ASM)
-            else:
-                mul = _per_word(scale.to(tl.float32) * _NV_DOT_SCALE, WPS)
-                o = (_e2m1(words, 0) * mul, _e2m1(words, 1) * mul, _e2m1(words, 2) * mul,
-                     _e2m1(words, 3) * mul, _e2m1(words, 4) * mul, _e2m1(words, 5) * mul,
-                     _e2m1(words, 6) * mul, _e2m1(words, 7) * mul)
+            o = nv_operands(words, _per_word(scale.to(tl.uint8, bitcast=True), WPS), ASM)
             acc = _dot8(o, xs, acc, PRECISION)
         else:
-            # one group: d = sum(o * x) with o = UNIT * q + BIAS, exact in the operand type
-            if F16:
-                o = int_operands(words, ASM)
-                unit, bias = 1.0, _INT_F16_BIAS
-            else:  # 1 + q/16
-                o = (_uint4(words, 0), _uint4(words, 1), _uint4(words, 2), _uint4(words, 3),
-                     _uint4(words, 4), _uint4(words, 5), _uint4(words, 6), _uint4(words, 7))
-                unit, bias = 16.0, 16.0
-            d = _dot8(o, xs, tl.zeros(acc.shape, tl.float32), PRECISION)
+            # one group: d = sum(o * x) with o = q + BIAS, exact in fp16
+            d = _dot8(int_operands(words, ASM), xs, tl.zeros(acc.shape, tl.float32), PRECISION)
             # the group's sum of the very operand values, from the tile before its split
             xsum = tl.sum(x.to(tl.float32), axis=1)
             zero = tl.load(z_ptr + s_off, mask=s_mask, other=0).to(tl.float32)
-            acc += scale.to(tl.float32) * (unit * d - (bias + zero) * xsum[None, :])
+            acc += scale.to(tl.float32) * (d - (_INT_F16_BIAS + zero) * xsum[None, :])
         return acc
 
     @triton.jit
-    def _decode_result(acc, x_type: tl.constexpr, SCHEME: tl.constexpr, F16: tl.constexpr):
-        """acc [BN, BM] -> [BM, BN] with the operand offsets undone: nvfp4 e2m1 * s * 2^-14
-        (fp16) / 2^-8 (fp32), bf16 x * 2^-6."""
+    def _decode_result(acc, x_type: tl.constexpr, SCHEME: tl.constexpr):
+        """acc [BN, BM] -> [BM, BN] with the operand offsets undone: nvfp4 e2m1 * s * 2^-14,
+        bf16 x * 2^-6."""
         out_scale = 1.0
         if SCHEME == _NVFP4:
-            out_scale = _NV_F16_OUT if F16 else _NV_OUT
+            out_scale = _NV_F16_OUT
         if x_type == tl.bfloat16:
             out_scale = out_scale * _X_BF16_OUT
         return tl.trans(acc) * out_scale
@@ -556,12 +544,10 @@ if triton is not None:
                        BM: tl.constexpr, DIRECT: tl.constexpr, ASM: tl.constexpr,
                        PRECISION: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
                        BK: tl.constexpr):
-        """out[:, rows] (DIRECT: final, in x.dtype) or the fp32 partial of K split pid 1.
-
-        Operands: fp16 for half activations (`quant_decode`), fp32 for fp32 ones (exact
-        products, "ieee" dots; tests and references only)."""
+        """out[:, rows] (DIRECT: final, in x.dtype) or the fp32 partial of K split pid 1, for
+        half activations."""
         x_type: tl.constexpr = x_ptr.dtype.element_ty
-        F16: tl.constexpr = x_type != tl.float32
+        tl.static_assert(x_type != tl.float32, "fp32 activations take the GEMM")
         tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
         pid_k = tl.program_id(1)
         rows = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -575,8 +561,8 @@ if triton is not None:
         for k0 in range(k_lo, k_hi, BK):
             acc = _decode_tile(acc, x_row, w_ptr, s_ptr, z_ptr, rows.to(tl.int64), row_ok,
                                m_ok, k0, k_hi, stride_w, stride_s, SCHEME, WPS, BM, ASM,
-                               PRECISION, EVEN_K, BK, F16)
-        res = _decode_result(acc, x_type, SCHEME, F16)
+                               PRECISION, EVEN_K, BK)
+        res = _decode_result(acc, x_type, SCHEME)
         mask = m_ok[:, None] & row_ok[None, :]
         if DIRECT:
             if SCHEME == _NVFP4:
@@ -598,7 +584,7 @@ if triton is not None:
         as that tile's part p - first(tile) (first(tile): the program that starts the tile),
         fp32 into part_ptr [parts, M, N]; `_stream_reduce_kernel` adds the parts."""
         x_type: tl.constexpr = x_ptr.dtype.element_ty
-        F16: tl.constexpr = x_type != tl.float32
+        tl.static_assert(x_type != tl.float32, "fp32 activations take the GEMM")
         tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
         pid = tl.program_id(0)
         k_tiles = tl.cdiv(K, BK)
@@ -616,11 +602,11 @@ if triton is not None:
             row_ok = rows < N
             acc = _decode_tile(acc, x_row, w_ptr, s_ptr, z_ptr, rows.to(tl.int64), row_ok,
                                m_ok, kt * BK, K, stride_w, stride_s, SCHEME, WPS, BM, ASM,
-                               PRECISION, EVEN_K, BK, F16)
+                               PRECISION, EVEN_K, BK)
             if (kt == k_tiles - 1) | (it == it_hi - 1):
                 part = pid - (tile * k_tiles) // per
                 dst = part_ptr + (part * M + ms.to(tl.int64))[:, None] * N + rows[None, :]
-                tl.store(dst, _decode_result(acc, x_type, SCHEME, F16),
+                tl.store(dst, _decode_result(acc, x_type, SCHEME),
                          mask=m_ok[:, None] & row_ok[None, :])
                 acc = tl.zeros((BN, BM), tl.float32)
 
