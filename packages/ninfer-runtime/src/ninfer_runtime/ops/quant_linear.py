@@ -187,9 +187,10 @@ def dequant_matmul(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
     if ops.layout.scheme != _NVFP4_ID:
         torch.mm(x, w.t(), out=out)
         return
-    # the global scale on the fp32 product, rounded once (the CPU, under the interpreter, has
-    # no half-in / fp32-out GEMM)
-    acc = torch.mm(x, w.t(), out_dtype=torch.float32) if x.is_cuda \
+    # the global scale on the fp32 product, rounded once (cuBLAS: half in, fp32 out, torch >=
+    # 2.8; fp32 activations and the CPU under the interpreter multiply in fp32)
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    acc = torch.mm(x, w.t(), out_dtype=torch.float32) if x.is_cuda and half \
         else x.float() @ w.float().t()
     torch.mul(acc, ops.gscale * 2.0**8, out=out)
 
