@@ -141,18 +141,20 @@ def test_decode_every_m(scheme: str, m: int, dtype: torch.dtype, asm: bool,
 
 
 def test_bf16_activations_keep_their_range(monkeypatch: pytest.MonkeyPatch) -> None:
-    """bf16 activations far beyond fp16's range (the decode scales them by 2^-6) and tiny
-    ones stay finite and accurate."""
+    """bf16 activations far beyond fp16's range and tiny ones (each row of the decode's fp16
+    operand is scaled by its own power of two) stay finite and accurate."""
     w = packed("nvfp4", 48, 256, seed=8)
-    x = rand(2, 256, dtype=torch.float32)
+    x = rand(4, 256, dtype=torch.float32)
     x[0] *= 3e5
     x[1] *= 1e-4
+    x[2] *= 1e30
+    x[3] *= 1e-30
     x = x.bfloat16()
     for asm in ASM:
         monkeypatch.setattr(quant_linear, "DECODE_ASM", asm)
         out = linear(x, w)
         assert torch.isfinite(out).all()
-        for row in range(2):  # each against its own magnitude
+        for row in range(4):  # each against its own magnitude
             check(out[row:row + 1], x[row:row + 1], w)
 
 

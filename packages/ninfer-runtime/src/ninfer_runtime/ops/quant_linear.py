@@ -56,7 +56,7 @@ from functools import cache
 
 import torch
 
-from ninfer_runtime.ops.quant_decode import INT_F16_BIAS, NV_F16_EXP, X_BF16_EXP
+from ninfer_runtime.ops.quant_decode import INT_F16_BIAS, NV_F16_EXP
 from ninfer_runtime.quant import PackedWeight
 
 try:
@@ -370,7 +370,6 @@ if triton is not None:
     _NV_OUT = tl.constexpr(2.0**8)
     # the fp16 decode operands' offsets (quant_decode)
     _NV_F16_OUT = tl.constexpr(2.0**NV_F16_EXP)
-    _X_BF16_OUT = tl.constexpr(2.0**X_BF16_EXP)
     _INT_F16_BIAS = tl.constexpr(INT_F16_BIAS)
     _GROUP_BK_C = tl.constexpr(_GROUP_BK)
 
@@ -495,7 +494,8 @@ if triton is not None:
                      BM: tl.constexpr, ASM: tl.constexpr, PRECISION: tl.constexpr,
                      EVEN_K: tl.constexpr, BK: tl.constexpr):
         """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ x^T, fp16 operands
-        (`quant_decode`; their offsets are undone by `_decode_result`)."""
+        (`quant_decode`: the activations' row scale is undone here, the weights' offset by
+        `_decode_result`)."""
         BKW: tl.constexpr = BK // 8
         BKS: tl.constexpr = BKW // WPS
         # k0 is a multiple of BK: tell the compiler, so that the loads are 16-byte wide
@@ -514,30 +514,27 @@ if triton is not None:
                         other=0).to(tl.uint32, bitcast=True)
         s_off = row_off[:, None] * stride_s + ks[None, :]
         scale = tl.load(s_ptr + s_off, mask=s_mask, other=0.0)
-        x = x_operand(tl.load(x_row[:, None] + kx[None, :], mask=x_mask, other=0.0), ASM)
+        x, inv = x_operand(tl.load(x_row[:, None] + kx[None, :], mask=x_mask, other=0.0))
         xs = _split8(x, BM, BKW)
+        zeros = tl.zeros(acc.shape, tl.float32)
         if SCHEME == _NVFP4:
             o = nv_operands(words, _per_word(scale.to(tl.uint8, bitcast=True), WPS), ASM)
-            acc = _dot8(o, xs, acc, PRECISION)
+            d = _dot8(o, xs, zeros, PRECISION)
         else:
             # one group: d = sum(o * x) with o = q + BIAS, exact in fp16
-            d = _dot8(int_operands(words, ASM), xs, tl.zeros(acc.shape, tl.float32), PRECISION)
+            d = _dot8(int_operands(words, ASM), xs, zeros, PRECISION)
             # the group's sum of the very operand values, from the tile before its split
             xsum = tl.sum(x.to(tl.float32), axis=1)
             zero = tl.load(z_ptr + s_off, mask=s_mask, other=0).to(tl.float32)
-            acc += scale.to(tl.float32) * (d - (_INT_F16_BIAS + zero) * xsum[None, :])
-        return acc
+            d = scale.to(tl.float32) * (d - (_INT_F16_BIAS + zero) * xsum[None, :])
+        return acc + d * inv[None, :]
 
     @triton.jit
-    def _decode_result(acc, x_type: tl.constexpr, SCHEME: tl.constexpr):
-        """acc [BN, BM] -> [BM, BN] with the operand offsets undone: nvfp4 e2m1 * s * 2^-14,
-        bf16 x * 2^-6."""
-        out_scale = 1.0
+    def _decode_result(acc, SCHEME: tl.constexpr):
+        """acc [BN, BM] -> [BM, BN] with the nvfp4 operand offset (e2m1 * s * 2^-14) undone."""
         if SCHEME == _NVFP4:
-            out_scale = _NV_F16_OUT
-        if x_type == tl.bfloat16:
-            out_scale = out_scale * _X_BF16_OUT
-        return tl.trans(acc) * out_scale
+            acc = acc * _NV_F16_OUT
+        return tl.trans(acc)
 
     @triton.jit
     def _decode_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_x,
@@ -563,7 +560,7 @@ if triton is not None:
             acc = _decode_tile(acc, x_row, w_ptr, s_ptr, z_ptr, rows.to(tl.int64), row_ok,
                                m_ok, k0, k_hi, stride_w, stride_s, SCHEME, WPS, BM, ASM,
                                PRECISION, EVEN_K, BK)
-        res = _decode_result(acc, x_type, SCHEME)
+        res = _decode_result(acc, SCHEME)
         mask = m_ok[:, None] & row_ok[None, :]
         if DIRECT:
             if SCHEME == _NVFP4:
@@ -607,7 +604,7 @@ if triton is not None:
             if (kt == k_tiles - 1) | (it == it_hi - 1):
                 part = pid - (tile * k_tiles) // per
                 dst = part_ptr + (part * M + ms.to(tl.int64))[:, None] * N + rows[None, :]
-                tl.store(dst, _decode_result(acc, x_type, SCHEME),
+                tl.store(dst, _decode_result(acc, SCHEME),
                          mask=m_ok[:, None] & row_ok[None, :])
                 acc = tl.zeros((BN, BM), tl.float32)
 
