@@ -243,8 +243,9 @@ class DecodePlan:
 
 # The weight tile is the wgmma A operand in registers (64 rows per warp group); wide row tiles
 # amortize the x tile's conversion and its copy to shared memory. BN = 64 is for narrow
-# matrices (more programs). ~3.2-3.5 SASS instructions per weight for nvfp4 with bf16
-# activations, ~2.9-3.3 for groupwise-int (sm_90, Triton 3.6, no spills). BK is a multiple of
+# matrices (more programs). ~3.6-4.0 SASS instructions per weight for nvfp4 with bf16
+# activations at BN 256/128, ~3.5-3.9 for groupwise-int (sm_90, Triton 3.9, no spills; the
+# activations' per-row scale costs ~0.3 of them). BK is a multiple of
 # 128 (one groupwise-int group) and >= 128 (tl.dot needs BK/8 >= 16). The interpreter runs one.
 DECODE_CONFIGS = {
     _NVFP4_ID: [DecodeConfig(bn, 256, w, s) for bn, w, s in ((256, 8, 3), (128, 4, 3),
