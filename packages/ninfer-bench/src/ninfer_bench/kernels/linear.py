@@ -82,6 +82,22 @@ def _rotating(ws: list[Weight], x: torch.Tensor) -> Callable[[], torch.Tensor]:
     return lambda: linear(x, next(cycle))
 
 
+def _plan(w: Weight, x: torch.Tensor) -> str:
+    """The decode plan the tuner chose for this weight (quant_linear), as a shape suffix."""
+    from ninfer_runtime.ops import quant_linear
+
+    if not isinstance(w, PackedWeight) or x.shape[0] > quant_linear.SKINNY_MAX_M:
+        return ""
+    ops = quant_linear._operands(w)
+    plan = quant_linear._decode_plans.get((w.shape[0], w.shape[1], ops.layout.scheme,
+                                           x.dtype, x.device))
+    if plan is None:
+        return ""
+    c = plan.config
+    grid = f"stream {plan.programs}" if plan.programs else f"split {plan.splits}"
+    return f" [BN={c.bn} w={c.warps} {grid}]"
+
+
 def bench(device: str = "cuda") -> list[dict]:
     """Median time of linear per model, projection, scheme and M, with its ceiling ratio.
 
@@ -122,7 +138,8 @@ def bench(device: str = "cuda") -> list[dict]:
                     decode = m in DECODE_M
                     ratio = (moved / BANDWIDTH if decode else flops / FLOPS) / (us * 1e-6)
                     rows.append({
-                        "op": f"linear {scheme}", "shape": f"{label} {name} M={m} N={n} K={k}",
+                        "op": f"linear {scheme}",
+                        "shape": f"{label} {name} M={m} N={n} K={k}{_plan(first, x)}",
                         "time_us": us, "bytes": moved, "flops": flops,
                         "ratio_to_ceiling": ratio,
                         "ceiling": f"{BANDWIDTH:.3g} B/s" if decode else f"{FLOPS:.3g} FLOP/s",
