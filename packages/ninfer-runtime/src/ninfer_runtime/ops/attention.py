@@ -36,12 +36,14 @@ import torch.nn.functional as F
 
 from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.ops.kv_quant import dequantize_int8, quantize_int8
+from ninfer_runtime.ops.varlen import num_blocks
 
 try:
     import triton
     import triton.language as tl
 
     from ninfer_runtime.ops.kv_quant import dequantize_int8_tile, quantize_int8_tile
+    from ninfer_runtime.ops.varlen import block_of
 except ImportError:  # the torch references need no Triton
     triton = None
 
@@ -213,20 +215,19 @@ def _plan(num_tokens: int, num_seqs: int, group: int, nkv: int, device: torch.de
     """Chooses the launch from shapes alone (no device read-back).
 
     A segment has at most num_tokens - num_seqs + 1 queries, so a pure decode step (N == B)
-    gets one token per program in the smallest tile. Sequence b's query blocks start at
-    program (cu_seqlens[b] - b) // block_q + b: this leaves room for every sequence's
-    ceil(len / block_q) blocks whatever the lengths, and totals exactly B blocks for decode.
+    gets one token per program in the smallest tile; query blocks are placed as in
+    ops.varlen (exactly B blocks for decode).
     """
     longest = num_tokens - num_seqs + 1
     block_m = max(DECODE_BLOCK_M, _pow2(group), min(PREFILL_BLOCK_M, _pow2(longest * group)))
     block_q = block_m // group
-    num_blocks = (num_tokens - num_seqs) // block_q + num_seqs
+    blocks = num_blocks(num_tokens, num_seqs, block_q)
     if num_splits is None:
         num_splits = 1
         target = WAVES * _num_sms(device)
-        while num_splits < MAX_SPLITS and num_blocks * nkv * num_splits < target:
+        while num_splits < MAX_SPLITS and blocks * nkv * num_splits < target:
             num_splits *= 2
-    return _AttentionPlan(block_m, block_q, num_blocks, num_splits)
+    return _AttentionPlan(block_m, block_q, blocks, num_splits)
 
 
 # (BLOCK_N, num_warps, num_stages) candidates. Compiled offline for sm_90 (head_dim 256, INT8
@@ -306,20 +307,6 @@ if triton is not None:
                         + d[None, :], mask=mask[:, None], other=0.0)
         return x.to(OUT_DTYPE)
 
-    @triton.jit
-    def _find_sequence(cu_seqlens, block, num_seqs, BLOCK_Q: tl.constexpr):
-        """The sequence whose query blocks include program `block`: the last b with
-        (cu_seqlens[b] - b) // BLOCK_Q + b <= block (binary search; see _plan)."""
-        lo: tl.int32 = 0
-        hi = num_seqs - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if (tl.load(cu_seqlens + mid) - mid) // BLOCK_Q + mid <= block:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
     @triton.autotune(configs=_configs(),
                      key=["BLOCK_M", "GROUP_HEADS", "HEAD_DIM", "QUANT", "NUM_SPLITS", "CAUSAL",
                           "HAS_WINDOW"],
@@ -342,10 +329,8 @@ if triton is not None:
         block = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
-        seq = _find_sequence(cu_seqlens, block, num_seqs, BLOCK_Q)
-        seq_start = tl.load(cu_seqlens + seq)
+        seq, first = block_of(cu_seqlens, block, num_seqs, BLOCK_Q)
         seq_end = tl.load(cu_seqlens + seq + 1)
-        first = seq_start + (block - (seq_start - seq) // BLOCK_Q - seq) * BLOCK_Q
         if first >= seq_end:
             return  # spare program: this sequence has fewer blocks than the grid leaves room for
         context = tl.load(context_lens + seq)

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from ninfer_runtime.ops.conv import causal_conv1d_update, check_conv_args
 from ninfer_runtime.ops.dispatch import use_triton
+from ninfer_runtime.ops.varlen import num_blocks
 
 try:
     import triton
@@ -355,8 +356,7 @@ def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     w = torch.empty(n, nv, dk, dtype=torch.float32, device=v.device)
     u = torch.empty(n, nv, dv, dtype=torch.float32, device=v.device)
     nblocks = CHUNK_SIZE // _SUBCHUNK
-    chunk_bound = (n - seqs) // CHUNK_SIZE + seqs  # >= the chunks of any split of n into seqs
-    _gdn_chunk_prepare_kernel[(chunk_bound, nv)](
+    _gdn_chunk_prepare_kernel[(num_blocks(n, seqs, CHUNK_SIZE), nv)](
         q, k, v, g, beta, qn, kn, w, u, cu_seqlens, seqs, q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         dk**-0.5, GROUP=nv // nk, DK=dk, DV=dv, C=CHUNK_SIZE, SUB=_SUBCHUNK,
@@ -409,6 +409,7 @@ def _fit_dv(configs: list, named_args: dict, **kwargs: object) -> list:
 
 if triton is not None:
     from ninfer_runtime.ops.conv import conv_silu_at, store_conv_window
+    from ninfer_runtime.ops.varlen import block_of
 
     @triton.jit
     def _l2norm_rows(x, eps: tl.constexpr):
@@ -538,22 +539,6 @@ if triton is not None:
         return tl.dot(m, d, input_precision=PRECISION)
 
     @triton.jit
-    def _chunk_of(cu_ptr, p, num_seqs, C: tl.constexpr):
-        """(sequence, first row) of chunk program p: sequence b's chunks are programs
-        (cu[b] - b) // C + b onwards (that leaves room for ceil(len / C) whatever the lengths);
-        the last b whose first program is <= p, by binary search."""
-        lo: tl.int32 = 0
-        hi = num_seqs - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if (tl.load(cu_ptr + mid) - mid) // C + mid <= p:
-                lo = mid
-            else:
-                hi = mid - 1
-        start = tl.load(cu_ptr + lo)
-        return lo, start + (p - (start - lo) // C - lo) * C
-
-    @triton.jit
     def _gdn_chunk_prepare_kernel(
         q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, w_ptr, u_ptr, cu_ptr, num_seqs,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_g,
@@ -567,7 +552,7 @@ if triton is not None:
         u = inv (beta V) and w = inv (beta exp(G) K) for h; the normalised q (times the
         scale) and k of h's k-head, written by the first of its value heads. Rows of the
         chunk only (the padding rows of a partial chunk are zero in every input)."""
-        seq, first = _chunk_of(cu_ptr, tl.program_id(0), num_seqs, C)
+        seq, first = block_of(cu_ptr, tl.program_id(0), num_seqs, C)
         hi = tl.load(cu_ptr + seq + 1)
         if first >= hi:  # a spare program: this sequence has fewer chunks than the bound
             return
