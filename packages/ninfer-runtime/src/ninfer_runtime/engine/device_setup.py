@@ -18,7 +18,7 @@ from ninfer_runtime.config import FULL_ATTENTION
 from ninfer_runtime.engine.batch import Segment, StepBatch
 from ninfer_runtime.engine.config import EngineConfig
 from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs
-from ninfer_runtime.engine.kv_pool import kv_bytes_per_token, pages_for
+from ninfer_runtime.engine.kv_pool import kv_bytes_per_token, pages_for, request_pages
 from ninfer_runtime.engine.memory_plan import MemoryPlan, peak_bytes, plan_memory
 from ninfer_runtime.models.cache import GDNSlots, LayerCache, allocate_layer_caches
 from ninfer_runtime.models.qwen3_5 import Qwen3_5Model
@@ -112,7 +112,7 @@ def decode_graphs(model: Qwen3_5Model, caches: list[LayerCache], config: EngineC
     before = torch.cuda.memory_allocated(model.device)
     graphs = StepGraphs(lambda b: _forward_step(model, caches, b, taps),
                         lambda n, _: decode_batch(n, config, 0, model.device),
-                        max_pages=pages_for(config.max_context + k, config.page_size))
+                        max_pages=request_pages(config))
     graphs.capture_all(GraphShape(b, k + 1) for b in range(1, config.max_concurrency + 1))
     log.info("captured %d %s graphs (batch 1..%d): %.2f GiB", len(graphs.shapes),
              "verify" if k else "decode", config.max_concurrency,

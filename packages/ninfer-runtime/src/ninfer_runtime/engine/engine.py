@@ -30,7 +30,7 @@ from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.engine.batch import Segment, StepBatch
 from ninfer_runtime.engine.config import EngineConfig
 from ninfer_runtime.engine.device_setup import decode_graphs, plan_device_memory
-from ninfer_runtime.engine.kv_pool import KVPool, pages_for, resolve_kv_capacity
+from ninfer_runtime.engine.kv_pool import KVPool, request_pages, resolve_kv_capacity
 from ninfer_runtime.engine.request import (
     AdmissionError,
     EngineRequest,
@@ -99,8 +99,7 @@ class Engine:
         if proposer is not None:  # its caches use the target's page ids
             proposer.allocate(num_pages, config.page_size, int8_kv)
             if self.config.cuda_graphs:
-                proposer.capture_graphs(config.max_concurrency, pages_for(
-                    config.max_context + config.spec_tokens, config.page_size))
+                proposer.capture_graphs(config.max_concurrency, request_pages(config))
         self.graphs = decode_graphs(model, self.caches, self.config,
                                     proposer.taps if proposer else ()) \
             if self.config.cuda_graphs else None
