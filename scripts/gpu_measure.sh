@@ -11,7 +11,7 @@ mkdir -p "$ART"
 CTX=${CTX:-8192}
 TOKENS=${TOKENS:-64}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt"
-git rev-parse --short HEAD >> "$out/gpu.txt" 2>/dev/null
+echo "${NINFER_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" >> "$out/gpu.txt"
 
 build() {  # build SECONDS PROFILE WEIGHTS: with MTP, a random DFlash draft and a draft head
   timeout "$1" python3 -m ninfer_convert.cli build "$2" --random-init --weights "$3" \
@@ -21,6 +21,16 @@ engine() {  # engine SECONDS ARTIFACT-STEM [ninfer-bench engine flags]
   local limit=$1 a=$2; shift 2
   timeout "$limit" python3 -m ninfer_bench.cli engine "$ART/$a.ninfer" \
     --context-lengths "$CTX" --decode-tokens "$TOKENS" --output "$out" "$@"
+}
+context() {  # context NAME ARTIFACT-STEM: the NIAH context suite (MODE, default mtp0)
+  timeout "${SUITE_SECONDS:-240}" python3 -m ninfer_bench.cli context --serve "python3 -m ninfer_serve.cli" \
+    --artifact "$1=$ART/$2.ninfer" --mode "${MODE:-mtp0}" --context-lengths "${CTX_LIST:-8192,65536}" \
+    --seeds 1 --max-tokens 128 --max-context 70000 --output "$out/context-$1-${MODE:-mtp0}"
+}
+saturation() {  # saturation NAME ARTIFACT-STEM: decode saturation at C = 1 and 8
+  timeout "${SUITE_SECONDS:-240}" python3 -m ninfer_bench.cli concurrency --suite decode-saturation \
+    --serve "python3 -m ninfer_serve.cli" --artifact "$1=$ART/$2.ninfer" --mode "${MODE:-mtp0}" \
+    --concurrency 1 --concurrency 8 --decode-tokens 512 --output "$out/saturation-$1-${MODE:-mtp0}"
 }
 
 run_stage() {
@@ -42,12 +52,10 @@ run_stage() {
              --spec mtp --draft-tokens 3 --lm-head-draft ;;
     dflash35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
                 --spec dflash --draft-tokens 7 --lm-head-draft ;;
-    ctx35) timeout 240 python3 -m ninfer_bench.cli context --serve "python3 -m ninfer_serve.cli" --artifact 35b="$ART/qwen3_6_35b_a3b_nvfp4.ninfer" \
-             --context-lengths "${CTX_LIST:-8192,65536}" --seeds 1 --max-tokens 128 --max-context 70000 \
-             --output "$out/context-35b" ;;
-    sat35) timeout 240 python3 -m ninfer_bench.cli concurrency --suite decode-saturation --serve "python3 -m ninfer_serve.cli" \
-             --artifact 35b="$ART/qwen3_6_35b_a3b_nvfp4.ninfer" --concurrency 1 --concurrency 8 \
-             --decode-tokens 512 --output "$out/saturation-35b" ;;
+    ctx27) context 27b qwen3_6_27b_nvfp4 ;;
+    ctx35) context 35b qwen3_6_35b_a3b_nvfp4 ;;
+    sat27) saturation 27b qwen3_6_27b_nvfp4 ;;
+    sat35) saturation 35b qwen3_6_35b_a3b_nvfp4 ;;
     hf27) timeout 200 python3 scripts/hf_baseline.py qwen3_6_27b --context "$CTX" --tokens 32 ;;
     hf35) timeout 200 python3 scripts/hf_baseline.py qwen3_6_35b_a3b --context "$CTX" --tokens 32 ;;
     splits) timeout 200 python3 scripts/split_sweep.py ;;

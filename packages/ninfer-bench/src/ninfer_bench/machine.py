@@ -3,12 +3,16 @@ and which weights were measured."""
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from pathlib import Path
 
 
 def commit() -> str:
+    """NINFER_COMMIT when set (a copied tree whose .git is not the source's), else git's HEAD."""
+    if os.environ.get("NINFER_COMMIT"):
+        return os.environ["NINFER_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
