@@ -4,8 +4,12 @@
 # Each stage runs under its own time limit and logs to $OUT/<stage>.log; $OUT/stages.txt lists
 # every stage with its exit status and seconds, so a cut-off run still returns what finished.
 # Random-init artifacts of the real profiles are built on the machine (into $ART), never carried.
+# The device returns only a few files per call, so everything is also packed into $OUT/results.tgz.
 set -uo pipefail
 source scripts/device_env.sh
+returned=$out
+out=$(mktemp -d)
+trap 'tar czf "$returned/results.tgz" -C "$out" . && cp "$out/stages.txt" "$returned/" 2>/dev/null' EXIT
 ART=${ART:-/tmp/artifacts}
 mkdir -p "$ART"
 CTX=${CTX:-8192}
