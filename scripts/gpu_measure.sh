@@ -9,6 +9,7 @@ set -uo pipefail
 source scripts/device_env.sh
 returned=$out
 out=$(mktemp -d)
+trap 'exit 143' TERM INT
 trap 'tar czf "$returned/results.tgz" -C "$out" . && cp "$out/stages.txt" "$returned/" 2>/dev/null' EXIT
 ART=${ART:-/tmp/artifacts}
 mkdir -p "$ART"
