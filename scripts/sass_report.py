@@ -5,7 +5,7 @@ ptxas), disassembles it with the cuobjdump that ships with Triton, finds the K l
 backward branch with the largest body) and prints its instruction count per weight and per
 thread, its top opcodes, the registers and the local-memory (spill) use of every config.
 
-    .venv/bin/python scripts/sass_report.py              # every decode config, bf16 and fp16
+    .venv/bin/python scripts/sass_report.py              # every decode config
     .venv/bin/python scripts/sass_report.py --asm off    # the pure-Triton decode, for contrast
     .venv/bin/python scripts/sass_report.py --gemm       # the prefill GEMM too
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import os
 import re
 import subprocess
@@ -34,6 +35,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from ninfer_runtime.ops import quant_linear as ql  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
+TOP_OPCODES = int(os.environ.get("SASS_TOP", "8"))
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ARGS = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "g_ptr", "out_ptr", "M", "N", "K", "stride_x",
         "stride_w", "stride_s")
@@ -93,27 +95,37 @@ def report(label: str, kernel, weights_per_thread: int, tmp: Path) -> None:
     regs = re.search(r"REG:(\d+)", usage).group(1)
     stack = re.search(r"STACK:(\d+)", usage).group(1)
     spills = loop.opcodes["LDL"] + loop.opcodes["STL"]
-    top = ", ".join(f"{op} {n}" for op, n in loop.opcodes.most_common(8))
+    top = ", ".join(f"{op} {n}" for op, n in loop.opcodes.most_common(TOP_OPCODES))
     print(f"{label:<58} {loop.instructions / weights_per_thread:6.2f} {loop.instructions:6d} "
           f"{weights_per_thread:5d} {regs:>4} {stack:>5} {spills:>6}  {top}")
+
+
+DECODE_ARGS = ("xo_ptr", "inv_ptr", "xsum_ptr", "w_ptr", "s_ptr", "z_ptr", "g_ptr", "out_ptr",
+               "M", "N", "K", "stride_w", "stride_s", "split_len")
+
+
+def configs(scheme_id: int) -> list:
+    """The tuner's decode configs, or with SASS_DOTS=1,2,... each of them at those dot
+    counts (to compare before changing DECODE_CONFIGS)."""
+    dots = os.environ.get("SASS_DOTS")
+    if not dots:
+        return ql.DECODE_CONFIGS[scheme_id]
+    return [dataclasses.replace(c, dots=int(d)) for c in ql.DECODE_CONFIGS[scheme_id]
+            for d in dots.split(",")]
 
 
 def decode_variants(asm: bool, tmp: Path) -> None:
     for scheme in ("nvfp4", "groupwise-int"):
         sid, wps = SCHEME_IDS[scheme]
-        for x_type in ("bf16", "fp16"):
-            for bm in (ql._DECODE_BM,):
-                for cfg in ql.DECODE_CONFIGS[sid]:
-                    bn, bk = cfg.bn, cfg.bk
-                    sig = dict(zip(ARGS, (f"*{x_type}", "*i32", *PARTS[scheme], "*fp32",
-                                          "i32", "i32", "i32", "i32", "i32", "i32"), strict=True))
-                    sig["split_len"] = "i32"
-                    cst = {"SCHEME": sid, "WPS": wps, "BM": bm, "DIRECT": False, "ASM": asm,
-                           "PRECISION": "tf32", "EVEN_K": True, "BN": bn, "BK": bk}
-                    k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages)
-                    label = (f"decode {scheme} x={x_type} BM={bm} BN={bn} BK={bk} "
-                             f"w={cfg.warps} s={cfg.stages}")
-                    report(label, k, bn * bk // (32 * cfg.warps), tmp)
+        for cfg in configs(sid):
+            bn, bk = cfg.bn, cfg.bk
+            sig = dict(zip(DECODE_ARGS, ("*fp16", "*fp32", "*fp32", "*i32", *PARTS[scheme],
+                                         "*fp32", *["i32"] * 6), strict=True))
+            cst = {"SCHEME": sid, "WPS": wps, "BM": ql._DECODE_BM, "DIRECT": False, "ASM": asm,
+                   "EVEN_K": True, "BN": bn, "BK": bk, "DOTS": cfg.dots}
+            k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages)
+            label = f"decode {scheme} BN={bn} BK={bk} w={cfg.warps} s={cfg.stages} d={cfg.dots}"
+            report(label, k, bn * bk // (32 * cfg.warps), tmp)
 
 
 def gemm_variants(tmp: Path) -> None:

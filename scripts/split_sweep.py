@@ -67,7 +67,8 @@ def main() -> None:
                     cfg = plan.config
                     lines.append(f"| {name} {n}x{k} | {scheme} | {m} | {kind} {target} "
                                  f"| {plan.programs or plan.splits} "
-                                 f"| BN={cfg.bn} w={cfg.warps} s={cfg.stages} | {us:.1f} "
+                                 f"| BN={cfg.bn} w={cfg.warps} s={cfg.stages} d={cfg.dots} "
+                                 f"| {us:.1f} "
                                  f"| {100 * moved / BANDWIDTH / (us * 1e-6):.1f}% |")
                     print(lines[-1], flush=True)
             del ws, first

@@ -10,6 +10,8 @@ only run the twin; tests/kernels/test_quant_decode.py proves the PTX itself).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -273,3 +275,22 @@ def test_stream_k_decode(scheme: str, n: int, k: int, programs: int) -> None:
         quant_linear._run_decode(x, ops, out, quant_linear.DecodePlan(config,
                                                                       programs=programs))
         check(out, x, w)
+
+
+@pytest.mark.parametrize("dots", [1, 2, 4, 8])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_decode_dots(scheme: str, dots: int) -> None:
+    """A K tile multiplied in 1, 2, 4 or 8 tensor-core dots (code positions grouped side by
+    side) gives the reference result, K split or not, K off the tile or not."""
+    scheme_id = 0 if scheme == "nvfp4" else 1
+    for n, k in ((80, 384), (48, 1024)):
+        w = packed(scheme, n, k, seed=dots)
+        ops = quant_linear._operands(w)
+        plan = quant_linear.decode_candidates(n, k, scheme_id, torch.device(DEVICE))[0]
+        config = dataclasses.replace(plan.config, dots=dots)
+        for m in (1, 3):
+            x = rand(m, k, dtype=HALF, seed=m)
+            for split in ((k, 1), (256, -(-k // 256))):
+                out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+                quant_linear._run_decode(x, ops, out, quant_linear.DecodePlan(config, *split))
+                check(out, x, w)

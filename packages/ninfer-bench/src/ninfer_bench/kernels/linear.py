@@ -95,7 +95,7 @@ def _plan(w: Weight, x: torch.Tensor) -> str:
         return ""
     c = plan.config
     grid = f"stream {plan.programs}" if plan.programs else f"split {plan.splits}"
-    return f" [BN={c.bn} w={c.warps} {grid}]"
+    return f" [BN={c.bn} w={c.warps} dots={c.dots} {grid}]"
 
 
 def bench(device: str = "cuda") -> list[dict]:

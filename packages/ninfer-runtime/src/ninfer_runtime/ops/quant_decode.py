@@ -2,8 +2,8 @@
 
 The decode GEMV (`quant_linear`) multiplies on tensor cores in fp16: a weight code becomes an
 fp16 operand with integer bit tricks on whole words, and the activations are converted to fp16
-once per tile (`x_operand`). The weight decoders have two implementations that produce the
-same bits:
+and laid out by code position once per call (`activation_kernel`). The weight decoders have
+two implementations that produce the same bits:
 
 - `ASM=True` (GPU): inline PTX through `tl.inline_asm_elementwise`, two 32-bit words (adjacent
   K words of one weight row, which is how the tensor-core operand layout pairs registers) in,
@@ -31,10 +31,11 @@ Byte tricks (PTX `prmt.b32 d, a, b, sel`: output byte i is byte sel[4i+2:4i] of 
 - groupwise-int: code q OR-ed into the mantissa of 1024.0 (0x6400) is exactly 1024 + q. The
   zero point and scale are applied after the dot, once per 128-code group and output:
   sum((q - z) * s * x) = s * (sum((1024 + q) * x) - (1024 + z) * sum(x)).
-- activations: each row of a tile is scaled by a power of two that puts its largest |x| in
-  [2^14, 2^15) and rounded once to fp16 (exact for bf16 values within 2^-10 of the row's
-  largest, whatever the row's magnitude: bf16 spans far more than fp16's 40 binades); the
-  dot's result is scaled back per row.
+- activations (`activation_kernel`, once per call): each row is scaled by a power of two that
+  puts its largest |x| in [2^14, 2^15) and rounded once to fp16, whatever the row's magnitude
+  (bf16 spans far more binades than fp16): exact for every bf16 value within 2^-28 of the
+  row's largest, which is normal in fp16 then; smaller ones lose bits as fp16 subnormals, far
+  below what the fp32 sum of the row can resolve. The dot's result is scaled back per row.
 """
 
 from __future__ import annotations
@@ -138,13 +139,33 @@ if triton is not None:
                 _int_code(c, 4), _int_code(c, 5), _int_code(c, 6), _int_code(c, 7))
 
     @triton.jit
-    def x_operand(x):
-        """Activations [BM, BK] (bf16 or fp16) as the dot's fp16 operand, each row scaled by a
-        power of two m that puts its largest |x| in [2^14, 2^15); returns (operand, 1 / m per
-        row). All-zero (or below 2^-112) rows get m = 2^126."""
-        xf = x.to(tl.float32)
-        amax = tl.max(tl.abs(xf), axis=1)
-        e = tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 15)  # biased exponent
+    def activation_kernel(x_ptr, xo_ptr, inv_ptr, xsum_ptr, M, K, stride_x,
+                          GROUP: tl.constexpr, HAS_SUM: tl.constexpr, BLOCK: tl.constexpr):
+        """Row r = program 0 of x [M, K] (bf16 or fp16) as the decode kernels' fp16 operand,
+        laid out by code position: xo [8, M, K/8] with xo[j, r, w] = x[r, 8w + j] * m, where
+        the power of two m puts the row's largest |x| in [2^14, 2^15) (all-zero rows, or
+        below 2^-112: m = 2^126); inv[r] = 1 / m. With HAS_SUM, xsum [K / GROUP, M] holds
+        each group's sum of the operand values (groupwise-int's zero-point term).
+
+        Done once per call, so that the decode K loop only streams it (no reduction, scaling
+        or reshuffle per tile)."""
+        row = tl.program_id(0)
+        x_row = x_ptr + row.to(tl.int64) * stride_x
+        amax = tl.zeros((BLOCK,), tl.float32)
+        for k0 in range(0, K, BLOCK):
+            ks = k0 + tl.arange(0, BLOCK)
+            x = tl.load(x_row + ks, mask=ks < K, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(x))
+        e = tl.maximum((tl.max(amax, axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF, 15)
         m = ((268 - e) << 23).to(tl.float32, bitcast=True)  # 2^(141 - e)
-        inv = ((e - 14) << 23).to(tl.float32, bitcast=True)  # 2^(e - 141)
-        return (xf * m[:, None]).to(tl.float16), inv
+        tl.store(inv_ptr + row, ((e - 14) << 23).to(tl.float32, bitcast=True))
+        words = K // 8
+        for k0 in range(0, K, BLOCK):
+            ks = k0 + tl.arange(0, BLOCK)
+            xo = (tl.load(x_row + ks, mask=ks < K, other=0.0).to(tl.float32) * m
+                  ).to(tl.float16)
+            tl.store(xo_ptr + ((ks % 8) * M + row) * words + ks // 8, xo, mask=ks < K)
+            if HAS_SUM:
+                sums = tl.sum(tl.reshape(xo.to(tl.float32), (BLOCK // GROUP, GROUP)), axis=1)
+                groups = k0 // GROUP + tl.arange(0, BLOCK // GROUP)
+                tl.store(xsum_ptr + groups * M + row, sums, mask=groups < K // GROUP)

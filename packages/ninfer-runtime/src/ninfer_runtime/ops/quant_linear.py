@@ -20,16 +20,20 @@ Two decoders:
 
 Kernels:
 - `_decode_kernel`, decode (M <= SKINNY_MAX_M, one token included) of half activations (fp32
-  ones, the CPU reference dtype, take the GEMM, exact with "ieee" dots). A program owns BN output
+  ones, the CPU reference dtype, take the GEMM, exact with "ieee" dots). The activations are
+  first scaled to fp16 and laid out by code position, once per call
+  (`quant_decode.activation_kernel`: xo[j, m, w] = x[m, 8w + j] times a power of two per row),
+  so the K loop only streams weights, decodes them and multiplies. A program owns BN output
   rows and one split of K; every M runs on tensor cores, rows padded to 16 (a GEMV is bound by
-  decoding, not by the MMA). Per code position j, W_j [BN, BK/8] @ x[:, 8w + j]^T:
-  eight dots per tile, the weight the wide operand held in registers (wgmma / mma), so that
-  the operand registers pair two adjacent words of one row, which is what the PTX decodes.
-  nvfp4 folds its fp8 block scale into the fp16 operand (exact); groupwise-int iterates one
-  128-code group at a time and applies scale and zero point to the group's dot result:
-  s * (sum((1024 + q) x) - (1024 + z) * sum(x)). K is split over a second grid axis when
-  row tiles alone would leave SMs idle; partials go to a fp32 buffer reduced by
-  `_splitk_reduce_kernel` (deterministic, no zeroing, CUDA-graph safe).
+  decoding, not by the MMA). Per code position j, W_j [BN, BK/8] @ xo[j]^T, the weight the
+  wide operand held in registers (wgmma), so that the operand registers pair two adjacent
+  words of one row, which is what the PTX decodes; the eight products of a tile run as 1-8
+  dots (`DecodeConfig.dots`: positions side by side along K). nvfp4 folds its fp8 block scale
+  into the fp16 operand (exact); groupwise-int iterates one 128-code group at a time and
+  applies scale and zero point to the group's dot result: s * (sum((1024 + q) x) - (1024 +
+  z) * sum(x)). K is split over a second grid axis when row tiles alone would leave SMs idle;
+  partials go to a fp32 buffer reduced by `_splitk_reduce_kernel` (deterministic, no
+  zeroing, CUDA-graph safe).
 - `_gemm_kernel`, prefill (M > SKINNY_MAX_M; fp32 activations at every M): tiled tensor-core
   GEMM; the [BN, BK] weight tile
   is dequantized in registers to x.dtype (exact for nvfp4 in bf16 and fp16), interleaved back
@@ -78,7 +82,7 @@ _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 SPLIT_TARGETS = (4, 16)
 # stream-K grids the tuner also times, in programs per SM: no tail wave, one long pipeline
 # per program, parts of a row tile summed by a second pass
-STREAM_PROGRAMS_PER_SM = (1, 2, 4)
+STREAM_PROGRAMS_PER_SM = (1, 2)
 DECODE_TUNING = True  # False: the first config and split target, untimed (tests)
 _MAX_SPLITS = 16
 _SPLIT_GRANULE = 256  # K chunks are whole multiples of every decode config's BK
@@ -228,6 +232,7 @@ class DecodeConfig:
     bk: int  # inputs per K tile
     warps: int
     stages: int
+    dots: int = 8  # tensor-core dots per K tile (each over 8 / dots code positions)
 
 
 @dataclass(frozen=True)
@@ -241,17 +246,20 @@ class DecodePlan:
     programs: int = 0
 
 
-# The weight tile is the wgmma A operand in registers (64 rows per warp group); wide row tiles
-# amortize the x tile's conversion and its copy to shared memory. BN = 64 is for narrow
-# matrices (more programs). ~3.6-4.0 SASS instructions per weight for nvfp4 with bf16
-# activations at BN 256/128, ~3.5-3.9 for groupwise-int (sm_90, Triton 3.9, no spills; the
-# activations' per-row scale costs ~0.3 of them). BK is a multiple of
-# 128 (one groupwise-int group) and >= 128 (tl.dot needs BK/8 >= 16). The interpreter runs one.
+# The weight tile is the wgmma A operand in registers (64 rows per warp group), the activation
+# tile (laid out once per call) the shared-memory B operand. Each tensor-core dot ends in a
+# wait for its result, so a K tile in 8 dots (one per code position) waits 8 times; fewer,
+# wider dots wait less but keep more decoded operands live (255 registers at 1-2 dots for BN
+# >= 128). The sm_90 SASS (`scripts/sass_report.py`, Triton 3.9, no spills in any config
+# here): ~3.1-3.4 instructions per weight for nvfp4 at BN 256/128, ~2.7-3.1 for
+# groupwise-int, ~4.0-4.3 at BN 64, which serves narrow matrices (more programs). BK is a
+# multiple of 128 (one groupwise-int group) and >= 128 (tl.dot needs BK/8 >= 16). The tuner
+# times them all on the GPU; the interpreter runs one.
 DECODE_CONFIGS = {
-    _NVFP4_ID: [DecodeConfig(bn, 256, w, s) for bn, w, s in ((256, 8, 3), (128, 4, 3),
-                                                             (64, 4, 4))],
-    _INT_ID: [DecodeConfig(bn, _GROUP_BK, w, s) for bn, w, s in ((256, 8, 4), (128, 4, 4),
-                                                                (64, 4, 4))],
+    _NVFP4_ID: [DecodeConfig(bn, 256, w, s, d) for bn, w, s, d in (
+        (128, 4, 3, 2), (256, 8, 3, 2), (128, 4, 3, 8), (256, 8, 3, 8), (64, 4, 4, 4))],
+    _INT_ID: [DecodeConfig(bn, _GROUP_BK, w, s, d) for bn, w, s, d in (
+        (128, 4, 4, 2), (256, 8, 4, 2), (128, 4, 4, 8), (64, 4, 4, 2))],
 }
 _INTERPRETER_CONFIGS = {_NVFP4_ID: DecodeConfig(32, 256, 4, 1),
                         _INT_ID: DecodeConfig(32, _GROUP_BK, 4, 1)}
@@ -287,45 +295,52 @@ def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
     _run_decode(x, ops, out, plan)
 
 
+def _activation_operands(x: torch.Tensor, ops: _Operands
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(xo, inv, xsum) of `quant_decode.activation_kernel` for x [M, K]: the decode kernels'
+    fp16 operand by code position, 1 / its row scale and (groupwise-int) its group sums."""
+    m, k = x.shape
+    xo = torch.empty((8, m, k // 8), dtype=torch.float16, device=x.device)
+    inv = torch.empty(m, dtype=torch.float32, device=x.device)
+    has_sum = ops.layout.scheme == _INT_ID
+    xsum = torch.empty((k // _GROUP_BK, m), dtype=torch.float32, device=x.device) \
+        if has_sum else inv
+    activation_kernel[(m,)](x, xo, inv, xsum, m, k, x.stride(0), GROUP=_GROUP_BK,
+                            HAS_SUM=has_sum, BLOCK=1024)
+    return xo, inv, xsum
+
+
 def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: DecodePlan) -> None:
-    if plan.programs:
-        _run_stream(x, ops, out, plan)
-        return
     m, k = x.shape
     n = out.shape[1]
-    c, splits = plan.config, plan.splits
-    direct = splits == 1
-    dst = out if direct else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-    _decode_kernel[(triton.cdiv(n, c.bn), splits)](
-        x, ops.words, ops.scale, ops.zero, ops.gscale, dst, m, n, k, x.stride(0),
-        ops.words.stride(0), ops.scale.stride(0), plan.split_len,
-        SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale, BM=_DECODE_BM,
-        DIRECT=direct, ASM=DECODE_ASM and not _INTERPRET, PRECISION=_precision(x),
-        EVEN_K=k % c.bk == 0, BN=c.bn, BK=c.bk, num_warps=c.warps, num_stages=c.stages)
-    if not direct:
-        block = 1024
-        _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
-            dst, ops.gscale, out, m * n, n, splits, SCHEME=ops.layout.scheme, BLOCK=block)
-
-
-def _run_stream(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: DecodePlan) -> None:
-    m, k = x.shape
-    n = out.shape[1]
+    xo, inv, xsum = _activation_operands(x, ops)
     c = plan.config
-    k_tiles = triton.cdiv(k, c.bk)
-    per = triton.cdiv(triton.cdiv(n, c.bn) * k_tiles, plan.programs)
-    programs = triton.cdiv(triton.cdiv(n, c.bn) * k_tiles, per)
-    max_parts = triton.cdiv(k_tiles, per) + 1  # programs one row tile can span
-    parts = torch.empty((max_parts, m, n), dtype=torch.float32, device=x.device)
-    _decode_stream_kernel[(programs,)](
-        x, ops.words, ops.scale, ops.zero, parts, m, n, k, x.stride(0), ops.words.stride(0),
-        ops.scale.stride(0), per, SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale,
-        BM=_DECODE_BM, ASM=DECODE_ASM and not _INTERPRET, PRECISION=_precision(x),
-        EVEN_K=k % c.bk == 0, BN=c.bn, BK=c.bk, num_warps=c.warps, num_stages=c.stages)
+    common = dict(SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale, BM=_DECODE_BM,
+                  ASM=DECODE_ASM and not _INTERPRET, EVEN_K=k % c.bk == 0, BN=c.bn, BK=c.bk,
+                  DOTS=c.dots, num_warps=c.warps, num_stages=c.stages)
     block = 1024
-    _stream_reduce_kernel[(triton.cdiv(m * n, block),)](
-        parts, ops.gscale, out, m, n, k_tiles, per, max_parts, SCHEME=ops.layout.scheme,
-        BN=c.bn, BLOCK=block)
+    if plan.programs:  # stream-K
+        k_tiles = triton.cdiv(k, c.bk)
+        per = triton.cdiv(triton.cdiv(n, c.bn) * k_tiles, plan.programs)
+        programs = triton.cdiv(triton.cdiv(n, c.bn) * k_tiles, per)
+        max_parts = triton.cdiv(k_tiles, per) + 1  # programs one row tile can span
+        parts = torch.empty((max_parts, m, n), dtype=torch.float32, device=x.device)
+        _decode_stream_kernel[(programs,)](
+            xo, inv, xsum, ops.words, ops.scale, ops.zero, parts, m, n, k, ops.words.stride(0),
+            ops.scale.stride(0), per, **common)
+        _stream_reduce_kernel[(triton.cdiv(m * n, block),)](
+            parts, ops.gscale, out, m, n, k_tiles, per, max_parts, SCHEME=ops.layout.scheme,
+            BN=c.bn, BLOCK=block)
+        return
+    direct = plan.splits == 1
+    dst = out if direct else torch.empty((plan.splits, m, n), dtype=torch.float32,
+                                         device=x.device)
+    _decode_kernel[(triton.cdiv(n, c.bn), plan.splits)](
+        xo, inv, xsum, ops.words, ops.scale, ops.zero, ops.gscale, dst, m, n, k,
+        ops.words.stride(0), ops.scale.stride(0), plan.split_len, DIRECT=direct, **common)
+    if not direct:
+        _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
+            dst, ops.gscale, out, m * n, n, plan.splits, SCHEME=ops.layout.scheme, BLOCK=block)
 
 
 def _launch_gemm(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
@@ -358,7 +373,7 @@ def _configs(space: list[tuple[dict, int, int]], interpret: tuple[dict, int, int
 
 
 if triton is not None:
-    from ninfer_runtime.ops.quant_decode import int_operands, nv_operands, x_operand
+    from ninfer_runtime.ops.quant_decode import activation_kernel, int_operands, nv_operands
 
     _NVFP4 = tl.constexpr(_NVFP4_ID)
     # nvfp4 power-of-two offsets of the fp32 decoder (see the module docstring): decoded
@@ -470,83 +485,94 @@ if triton is not None:
         return tl.reshape(t, (o0.shape[0], 8 * o0.shape[1]))
 
     @triton.jit
-    def _split8(x, BM: tl.constexpr, BKW: tl.constexpr):
-        """x [BM, 8 * BKW] -> eight [BKW, BM] tensors, the j-th holding x[:, 8w + j]^T."""
-        t = tl.permute(tl.reshape(x, (BM, BKW, 2, 2, 2)), (1, 0, 4, 3, 2))  # j = 4a + 2b + c
-        t0, t1 = tl.split(t)  # a
-        t00, t01 = tl.split(t0)  # b
-        t10, t11 = tl.split(t1)
-        x0, x1 = tl.split(t00)  # c
-        x2, x3 = tl.split(t01)
-        x4, x5 = tl.split(t10)
-        x6, x7 = tl.split(t11)
-        return x0, x1, x2, x3, x4, x5, x6, x7
+    def _concat2(a, b):
+        """[R, C] and [R, C] -> [R, 2C], a's columns first."""
+        return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (a.shape[0], 2 * a.shape[1]))
 
     @triton.jit
-    def _dot8(o, x, acc, PRECISION: tl.constexpr):
-        """acc + sum over j of o[j] [BN, BKW] @ x[j] [BKW, BM]."""
-        for j in tl.static_range(8):
-            acc = tl.dot(o[j], x[j], acc, input_precision=PRECISION)
+    def _operand_group(o, G: tl.constexpr, P: tl.constexpr):
+        """Code positions G*P .. G*P + P - 1 of the eight decoded operands side by side."""
+        if P == 1:
+            return o[G]
+        elif P == 2:
+            return _concat2(o[2 * G], o[2 * G + 1])
+        elif P == 4:
+            return _concat2(_concat2(o[4 * G], o[4 * G + 1]),
+                            _concat2(o[4 * G + 2], o[4 * G + 3]))
+        else:
+            return _concat2(_concat2(_concat2(o[0], o[1]), _concat2(o[2], o[3])),
+                            _concat2(_concat2(o[4], o[5]), _concat2(o[6], o[7])))
+
+    @triton.jit
+    def _dots(o, acc, xo_ptr, ms, m_ok, M, K, k0, k_hi, EVEN_K: tl.constexpr,
+              BKW: tl.constexpr, DOTS: tl.constexpr):
+        """acc + the K tile's product in DOTS tensor-core dots, each over 8 / DOTS code
+        positions (K of a dot runs over (code position, word), position-major, for the
+        decoded weights and the activation operands alike): fewer dots wait less on the
+        tensor cores, more keep fewer operand registers live."""
+        P: tl.constexpr = 8 // DOTS
+        r = tl.arange(0, P * BKW)
+        w = k0 // 8 + r % BKW
+        mask = m_ok[None, :] if EVEN_K else m_ok[None, :] & (w < k_hi // 8)[:, None]
+        x_cols = ms[None, :] * (K // 8)
+        for g in tl.static_range(DOTS):
+            rows = (g * P + r // BKW) * (M * (K // 8)) + w
+            xs = tl.load(xo_ptr + rows[:, None] + x_cols, mask=mask, other=0.0)
+            acc = tl.dot(_operand_group(o, g, P), xs, acc)
         return acc
 
     @triton.jit
-    def _decode_tile(acc, x_row, w_ptr, s_ptr, z_ptr, row_off, row_ok, m_ok, k0, k_hi,
-                     stride_w, stride_s, SCHEME: tl.constexpr, WPS: tl.constexpr,
-                     BM: tl.constexpr, ASM: tl.constexpr, PRECISION: tl.constexpr,
-                     EVEN_K: tl.constexpr, BK: tl.constexpr):
-        """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ x^T, fp16 operands
-        (`quant_decode`: the activations' row scale is undone here, the weights' offset by
-        `_decode_result`)."""
+    def _decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms, m_ok,
+                     M, K, k0, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
+                     WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
+                     BK: tl.constexpr, DOTS: tl.constexpr):
+        """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ xo^T in operand units (the
+        activations' row scale is undone by `_decode_result`, as is the weights' offset)."""
         BKW: tl.constexpr = BK // 8
         BKS: tl.constexpr = BKW // WPS
         # k0 is a multiple of BK: tell the compiler, so that the loads are 16-byte wide
         kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
-        kx = tl.max_contiguous(tl.multiple_of(k0 + tl.arange(0, BK), BK), BK)
         ks = tl.max_contiguous(tl.multiple_of(k0 // (8 * WPS) + tl.arange(0, BKS), BKS), BKS)
         if EVEN_K:
             w_mask = row_ok[:, None]
             s_mask = row_ok[:, None]
-            x_mask = m_ok[:, None]
         else:
             w_mask = row_ok[:, None] & (kw < k_hi // 8)[None, :]
             s_mask = row_ok[:, None] & (ks < k_hi // (8 * WPS))[None, :]
-            x_mask = m_ok[:, None] & (kx < k_hi)[None, :]
         words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :], mask=w_mask,
                         other=0).to(tl.uint32, bitcast=True)
         s_off = row_off[:, None] * stride_s + ks[None, :]
         scale = tl.load(s_ptr + s_off, mask=s_mask, other=0.0)
-        x, inv = x_operand(tl.load(x_row[:, None] + kx[None, :], mask=x_mask, other=0.0))
-        xs = _split8(x, BM, BKW)
-        zeros = tl.zeros(acc.shape, tl.float32)
         if SCHEME == _NVFP4:
             o = nv_operands(words, _per_word(scale.to(tl.uint8, bitcast=True), WPS), ASM)
-            d = _dot8(o, xs, zeros, PRECISION)
+            acc = _dots(o, acc, xo_ptr, ms, m_ok, M, K, k0, k_hi, EVEN_K, BKW, DOTS)
         else:
-            # one group: d = sum(o * x) with o = q + BIAS, exact in fp16
-            d = _dot8(int_operands(words, ASM), xs, zeros, PRECISION)
-            # the group's sum of the very operand values, from the tile before its split
-            xsum = tl.sum(x.to(tl.float32), axis=1)
+            # one group: d = sum(o * x) with o = q + BIAS, exact in fp16, less the zero point
+            # times the group's sum of the same operand values
+            d = _dots(int_operands(words, ASM), tl.zeros(acc.shape, tl.float32), xo_ptr, ms,
+                      m_ok, M, K, k0, k_hi, EVEN_K, BKW, DOTS)
+            xsum = tl.load(xsum_ptr + (k0 // _GROUP_BK_C) * M + ms, mask=m_ok, other=0.0)
             zero = tl.load(z_ptr + s_off, mask=s_mask, other=0).to(tl.float32)
-            d = scale.to(tl.float32) * (d - (_INT_F16_BIAS + zero) * xsum[None, :])
-        return acc + d * inv[None, :]
+            acc = acc + scale.to(tl.float32) * (d - (_INT_F16_BIAS + zero) * xsum[None, :])
+        return acc
 
     @triton.jit
-    def _decode_result(acc, SCHEME: tl.constexpr):
-        """acc [BN, BM] -> [BM, BN] with the nvfp4 operand offset (e2m1 * s * 2^-14) undone."""
+    def _decode_result(acc, inv_ptr, ms, m_ok, SCHEME: tl.constexpr):
+        """acc [BN, BM] -> [BM, BN] with the activations' row scale and the nvfp4 operand
+        offset (e2m1 * s * 2^-14) undone."""
+        acc = acc * tl.load(inv_ptr + ms, mask=m_ok, other=0.0)[None, :]
         if SCHEME == _NVFP4:
             acc = acc * _NV_F16_OUT
         return tl.trans(acc)
 
     @triton.jit
-    def _decode_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_x,
+    def _decode_kernel(xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K,
                        stride_w, stride_s, split_len, SCHEME: tl.constexpr, WPS: tl.constexpr,
                        BM: tl.constexpr, DIRECT: tl.constexpr, ASM: tl.constexpr,
-                       PRECISION: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr):
-        """out[:, rows] (DIRECT: final, in x.dtype) or the fp32 partial of K split pid 1, for
-        half activations."""
-        x_type: tl.constexpr = x_ptr.dtype.element_ty
-        tl.static_assert(x_type != tl.float32, "fp32 activations take the GEMM")
+                       EVEN_K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                       DOTS: tl.constexpr):
+        """out[:, rows] (DIRECT: final, in out's dtype) or the fp32 partial of K split pid 1,
+        from the activation operands of `activation_kernel`."""
         tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
         pid_k = tl.program_id(1)
         rows = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -555,13 +581,12 @@ if triton is not None:
         m_ok = ms < M
         k_lo = pid_k * split_len
         k_hi = tl.minimum(K, k_lo + split_len)
-        x_row = x_ptr + ms.to(tl.int64) * stride_x
         acc = tl.zeros((BN, BM), tl.float32)
         for k0 in range(k_lo, k_hi, BK):
-            acc = _decode_tile(acc, x_row, w_ptr, s_ptr, z_ptr, rows.to(tl.int64), row_ok,
-                               m_ok, k0, k_hi, stride_w, stride_s, SCHEME, WPS, BM, ASM,
-                               PRECISION, EVEN_K, BK)
-        res = _decode_result(acc, SCHEME)
+            acc = _decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, rows.to(tl.int64),
+                               row_ok, ms, m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME,
+                               WPS, ASM, EVEN_K, BK, DOTS)
+        res = _decode_result(acc, inv_ptr, ms, m_ok, SCHEME)
         mask = m_ok[:, None] & row_ok[None, :]
         if DIRECT:
             if SCHEME == _NVFP4:
@@ -573,24 +598,21 @@ if triton is not None:
             tl.store(dst, res, mask=mask)
 
     @triton.jit
-    def _decode_stream_kernel(x_ptr, w_ptr, s_ptr, z_ptr, part_ptr, M, N, K, stride_x,
-                              stride_w, stride_s, per, SCHEME: tl.constexpr,
+    def _decode_stream_kernel(xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, part_ptr, M, N,
+                              K, stride_w, stride_s, per, SCHEME: tl.constexpr,
                               WPS: tl.constexpr, BM: tl.constexpr, ASM: tl.constexpr,
-                              PRECISION: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
-                              BK: tl.constexpr):
+                              EVEN_K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                              DOTS: tl.constexpr):
         """Stream-K: program p walks iterations [p * per, (p + 1) * per) of the flattened
         (row tile, K tile) space in one loop, and stores its sum for each row tile it touches
         as that tile's part p - first(tile) (first(tile): the program that starts the tile),
         fp32 into part_ptr [parts, M, N]; `_stream_reduce_kernel` adds the parts."""
-        x_type: tl.constexpr = x_ptr.dtype.element_ty
-        tl.static_assert(x_type != tl.float32, "fp32 activations take the GEMM")
         tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
         pid = tl.program_id(0)
         k_tiles = tl.cdiv(K, BK)
         total = tl.cdiv(N, BN) * k_tiles
         ms = tl.arange(0, BM)
         m_ok = ms < M
-        x_row = x_ptr + ms.to(tl.int64) * stride_x
         it_lo = pid * per
         it_hi = tl.minimum(total, it_lo + per)
         acc = tl.zeros((BN, BM), tl.float32)
@@ -599,13 +621,13 @@ if triton is not None:
             kt = it - tile * k_tiles
             rows = tile * BN + tl.arange(0, BN)
             row_ok = rows < N
-            acc = _decode_tile(acc, x_row, w_ptr, s_ptr, z_ptr, rows.to(tl.int64), row_ok,
-                               m_ok, kt * BK, K, stride_w, stride_s, SCHEME, WPS, BM, ASM,
-                               PRECISION, EVEN_K, BK)
+            acc = _decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, rows.to(tl.int64),
+                               row_ok, ms, m_ok, M, K, kt * BK, K, stride_w, stride_s, SCHEME,
+                               WPS, ASM, EVEN_K, BK, DOTS)
             if (kt == k_tiles - 1) | (it == it_hi - 1):
                 part = pid - (tile * k_tiles) // per
                 dst = part_ptr + (part * M + ms.to(tl.int64))[:, None] * N + rows[None, :]
-                tl.store(dst, _decode_result(acc, SCHEME),
+                tl.store(dst, _decode_result(acc, inv_ptr, ms, m_ok, SCHEME),
                          mask=m_ok[:, None] & row_ok[None, :])
                 acc = tl.zeros((BN, BM), tl.float32)
 
@@ -704,7 +726,7 @@ if triton is not None:
             (128, 128, 8, 3), (256, 128, 8, 3), (128, 256, 8, 3), (64, 128, 4, 4),
             (256, 128, 8, 4))],
         ({"BM": 32, "BN": 32, "BK": 256, "GROUP_M": 2}, 4, 1)),
-        key=["m_bucket", "N", "K", "SCHEME"], do_bench=_graph_bench)(
+        key=["m_bucket", "N", "K", "SCHEME"], do_bench=_graph_bench, cache_results=True)(
         triton.heuristics({"EVEN_K": _even_k})(_gemm_kernel))
     AUTOTUNED = (_gemm,)
     assert all(c.bk <= _SPLIT_GRANULE and _SPLIT_GRANULE % c.bk == 0
