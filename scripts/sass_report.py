@@ -100,8 +100,8 @@ def report(label: str, kernel, weights_per_thread: int, tmp: Path) -> None:
           f"{weights_per_thread:5d} {regs:>4} {stack:>5} {spills:>6}  {top}")
 
 
-DECODE_ARGS = ("xo_ptr", "inv_ptr", "xsum_ptr", "w_ptr", "s_ptr", "z_ptr", "g_ptr", "out_ptr",
-               "M", "N", "K", "stride_w", "stride_s", "split_len")
+DECODE_ARGS = ("xo_ptr", "inv_ptr", "xsum_ptr", "w_ptr", "s_ptr", "z_ptr", "g_ptr", "part_ptr",
+               "counter_ptr", "out_ptr", "M", "N", "K", "stride_w", "stride_s", "split_len")
 
 
 def configs(scheme_id: int) -> list:
@@ -120,8 +120,8 @@ def decode_variants(asm: bool, tmp: Path) -> None:
         for cfg in configs(sid):
             bn, bk = cfg.bn, cfg.bk
             sig = dict(zip(DECODE_ARGS, ("*fp16", "*fp32", "*fp32", "*i32", *PARTS[scheme],
-                                         "*fp32", *["i32"] * 6), strict=True))
-            cst = {"SCHEME": sid, "WPS": wps, "BM": ql._DECODE_BM, "DIRECT": False, "ASM": asm,
+                                         "*fp32", "*i32", "*bf16", *["i32"] * 6), strict=True))
+            cst = {"SCHEME": sid, "WPS": wps, "BM": ql._DECODE_BM, "ASM": asm,
                    "EVEN_K": True, "BN": bn, "BK": bk, "DOTS": cfg.dots}
             k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages)
             label = f"decode {scheme} BN={bn} BK={bk} w={cfg.warps} s={cfg.stages} d={cfg.dots}"

@@ -275,13 +275,15 @@ def test_stream_k_decode(scheme: str, n: int, k: int, programs: int) -> None:
         quant_linear._run_decode(x, ops, out, quant_linear.DecodePlan(config,
                                                                       programs=programs))
         check(out, x, w)
+        assert not quant_linear._tile_counters(x.device, 1).any()
 
 
 @pytest.mark.parametrize("dots", [1, 2, 4, 8])
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_decode_dots(scheme: str, dots: int) -> None:
     """A K tile multiplied in 1, 2, 4 or 8 tensor-core dots (code positions grouped side by
-    side) gives the reference result, K split or not, K off the tile or not."""
+    side) gives the reference result, K split or not (the parts added in-kernel by the last
+    to arrive), K off the tile or not."""
     scheme_id = 0 if scheme == "nvfp4" else 1
     for n, k in ((80, 384), (48, 1024)):
         w = packed(scheme, n, k, seed=dots)
@@ -294,3 +296,5 @@ def test_decode_dots(scheme: str, dots: int) -> None:
                 out = torch.empty((m, n), dtype=x.dtype, device=x.device)
                 quant_linear._run_decode(x, ops, out, quant_linear.DecodePlan(config, *split))
                 check(out, x, w)
+                # the last part of each tile reset its arrival counter for the next call
+                assert not quant_linear._tile_counters(x.device, 1).any()

@@ -31,9 +31,11 @@ Kernels:
   dots (`DecodeConfig.dots`: positions side by side along K). nvfp4 folds its fp8 block scale
   into the fp16 operand (exact); groupwise-int iterates one 128-code group at a time and
   applies scale and zero point to the group's dot result: s * (sum((1024 + q) x) - (1024 +
-  z) * sum(x)). K is split over a second grid axis when row tiles alone would leave SMs idle;
-  partials go to a fp32 buffer reduced by `_splitk_reduce_kernel` (deterministic, no
-  zeroing, CUDA-graph safe).
+  z) * sum(x)). K is split over a second grid axis when row tiles alone would leave SMs idle
+  (or stream-K spreads the (row tile, K tile) space evenly over the programs): each part goes
+  to a fp32 buffer, and the last part of a row tile to arrive (an atomic counter per tile)
+  adds them all in a fixed order and writes the output: deterministic, no second kernel,
+  counters left at zero for graph replays.
 - `_gemm_kernel`, prefill (M > SKINNY_MAX_M; fp32 activations at every M): tiled tensor-core
   GEMM; the [BN, BK] weight tile
   is dequantized in registers to x.dtype (exact for nvfp4 in bf16 and fp16), interleaved back
@@ -318,29 +320,37 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
     common = dict(SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale, BM=_DECODE_BM,
                   ASM=DECODE_ASM and not _INTERPRET, EVEN_K=k % c.bk == 0, BN=c.bn, BK=c.bk,
                   DOTS=c.dots, num_warps=c.warps, num_stages=c.stages)
-    block = 1024
+    tiles = triton.cdiv(n, c.bn)
+    counters = _tile_counters(x.device, tiles)
     if plan.programs:  # stream-K
         k_tiles = triton.cdiv(k, c.bk)
-        per = triton.cdiv(triton.cdiv(n, c.bn) * k_tiles, plan.programs)
-        programs = triton.cdiv(triton.cdiv(n, c.bn) * k_tiles, per)
+        per = triton.cdiv(tiles * k_tiles, plan.programs)
         max_parts = triton.cdiv(k_tiles, per) + 1  # programs one row tile can span
         parts = torch.empty((max_parts, m, n), dtype=torch.float32, device=x.device)
-        _decode_stream_kernel[(programs,)](
-            xo, inv, xsum, ops.words, ops.scale, ops.zero, parts, m, n, k, ops.words.stride(0),
-            ops.scale.stride(0), per, **common)
-        _stream_reduce_kernel[(triton.cdiv(m * n, block),)](
-            parts, ops.gscale, out, m, n, k_tiles, per, max_parts, SCHEME=ops.layout.scheme,
-            BN=c.bn, BLOCK=block)
+        _decode_stream_kernel[(triton.cdiv(tiles * k_tiles, per),)](
+            xo, inv, xsum, ops.words, ops.scale, ops.zero, ops.gscale, parts, counters, out, m,
+            n, k, ops.words.stride(0), ops.scale.stride(0), per, **common)
         return
-    direct = plan.splits == 1
-    dst = out if direct else torch.empty((plan.splits, m, n), dtype=torch.float32,
-                                         device=x.device)
-    _decode_kernel[(triton.cdiv(n, c.bn), plan.splits)](
-        xo, inv, xsum, ops.words, ops.scale, ops.zero, ops.gscale, dst, m, n, k,
-        ops.words.stride(0), ops.scale.stride(0), plan.split_len, DIRECT=direct, **common)
-    if not direct:
-        _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
-            dst, ops.gscale, out, m * n, n, plan.splits, SCHEME=ops.layout.scheme, BLOCK=block)
+    parts = out if plan.splits == 1 else torch.empty((plan.splits, m, n), dtype=torch.float32,
+                                                     device=x.device)
+    _decode_kernel[(tiles, plan.splits)](
+        xo, inv, xsum, ops.words, ops.scale, ops.zero, ops.gscale, parts, counters, out, m, n,
+        k, ops.words.stride(0), ops.scale.stride(0), plan.split_len, **common)
+
+
+_MAX_TILES = 1 << 16  # row tiles a decode call may have (N <= 4M at BN = 64)
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """The zeroed int32 arrival counters, one per row tile, that the decode kernels' K parts
+    count themselves in (the last part of a tile sums them and sets its counter back to 0,
+    so the buffer stays zero between calls and graph replays). One buffer per device, never
+    reallocated: captured graphs keep its address."""
+    assert tiles <= _MAX_TILES, f"{tiles} row tiles: more than the counters hold"
+    if device not in _counters:
+        _counters[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
+    return _counters[device]
 
 
 def _launch_gemm(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
@@ -566,16 +576,46 @@ if triton is not None:
         return tl.trans(acc)
 
     @triton.jit
-    def _decode_kernel(xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K,
-                       stride_w, stride_s, split_len, SCHEME: tl.constexpr, WPS: tl.constexpr,
-                       BM: tl.constexpr, DIRECT: tl.constexpr, ASM: tl.constexpr,
-                       EVEN_K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                       DOTS: tl.constexpr):
-        """out[:, rows] (DIRECT: final, in out's dtype) or the fp32 partial of K split pid 1,
-        from the activation operands of `activation_kernel`."""
+    def _finish_tile(acc, part, parts, part_ptr, counter_ptr, g_ptr, out_ptr, rows, row_ok, ms,
+                     m_ok, M, N, SCHEME: tl.constexpr):
+        """Store a row tile's part `part` of `parts` (acc [BM, BN], operand offsets undone);
+        the last part to arrive sums all of them in part order (the same bits whichever
+        arrives last), applies the nvfp4 global scale and writes out [M, N] in its dtype. A
+        tile in one part is written directly."""
+        mask = m_ok[:, None] & row_ok[None, :]
+        offs = ms.to(tl.int64)[:, None] * N + rows[None, :]
+        if parts > 1:
+            tl.store(part_ptr + part * M * N + offs, acc, mask=mask)
+            tl.debug_barrier()  # every thread's part is stored before the tile counts it
+            if tl.atomic_add(counter_ptr, 1, sem="acq_rel") == parts - 1:
+                acc = tl.zeros(acc.shape, tl.float32)
+                for j in range(parts):
+                    acc += tl.load(part_ptr + j * M * N + offs, mask=mask, other=0.0,
+                                   cache_modifier=".cg")
+                _store_output(acc, g_ptr, out_ptr + offs, rows, row_ok, mask, SCHEME)
+                tl.atomic_xchg(counter_ptr, 0)
+        else:
+            _store_output(acc, g_ptr, out_ptr + offs, rows, row_ok, mask, SCHEME)
+
+    @triton.jit
+    def _store_output(acc, g_ptr, out, rows, row_ok, mask, SCHEME: tl.constexpr):
+        """out = acc [BM, BN] times the nvfp4 global scale of each row, in out's dtype."""
+        if SCHEME == _NVFP4:
+            acc = acc * tl.load(g_ptr + rows, mask=row_ok, other=0.0)[None, :]
+        tl.store(out, acc.to(out.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _decode_kernel(xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, g_ptr, part_ptr,
+                       counter_ptr, out_ptr, M, N, K, stride_w, stride_s, split_len,
+                       SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
+                       ASM: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr, DOTS: tl.constexpr):
+        """out[:, rows of tile pid 0] from the activation operands of `activation_kernel`,
+        over K split pid 1 of num_programs(1) (`_finish_tile` adds the splits)."""
         tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
+        tile = tl.program_id(0)
         pid_k = tl.program_id(1)
-        rows = tl.program_id(0) * BN + tl.arange(0, BN)
+        rows = tile * BN + tl.arange(0, BN)
         row_ok = rows < N
         ms = tl.arange(0, BM)
         m_ok = ms < M
@@ -586,27 +626,20 @@ if triton is not None:
             acc = _decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, rows.to(tl.int64),
                                row_ok, ms, m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME,
                                WPS, ASM, EVEN_K, BK, DOTS)
-        res = _decode_result(acc, inv_ptr, ms, m_ok, SCHEME)
-        mask = m_ok[:, None] & row_ok[None, :]
-        if DIRECT:
-            if SCHEME == _NVFP4:
-                res = res * tl.load(g_ptr + rows, mask=row_ok, other=0.0)[None, :]
-            dst = out_ptr + ms.to(tl.int64)[:, None] * N + rows[None, :]
-            tl.store(dst, res.to(out_ptr.dtype.element_ty), mask=mask)
-        else:
-            dst = out_ptr + (pid_k * M + ms.to(tl.int64))[:, None] * N + rows[None, :]
-            tl.store(dst, res, mask=mask)
+        _finish_tile(_decode_result(acc, inv_ptr, ms, m_ok, SCHEME), pid_k,
+                     tl.num_programs(1), part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows,
+                     row_ok, ms, m_ok, M, N, SCHEME)
 
     @triton.jit
-    def _decode_stream_kernel(xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, part_ptr, M, N,
-                              K, stride_w, stride_s, per, SCHEME: tl.constexpr,
-                              WPS: tl.constexpr, BM: tl.constexpr, ASM: tl.constexpr,
-                              EVEN_K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                              DOTS: tl.constexpr):
+    def _decode_stream_kernel(xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, g_ptr, part_ptr,
+                              counter_ptr, out_ptr, M, N, K, stride_w, stride_s, per,
+                              SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
+                              ASM: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
+                              BK: tl.constexpr, DOTS: tl.constexpr):
         """Stream-K: program p walks iterations [p * per, (p + 1) * per) of the flattened
-        (row tile, K tile) space in one loop, and stores its sum for each row tile it touches
-        as that tile's part p - first(tile) (first(tile): the program that starts the tile),
-        fp32 into part_ptr [parts, M, N]; `_stream_reduce_kernel` adds the parts."""
+        (row tile, K tile) space in one loop; its sum for each row tile it touches is that
+        tile's part p - first(tile) (first(tile): the program that starts the tile), of as
+        many parts as programs touch the tile (`_finish_tile` adds them)."""
         tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
         pid = tl.program_id(0)
         k_tiles = tl.cdiv(K, BK)
@@ -625,28 +658,12 @@ if triton is not None:
                                row_ok, ms, m_ok, M, K, kt * BK, K, stride_w, stride_s, SCHEME,
                                WPS, ASM, EVEN_K, BK, DOTS)
             if (kt == k_tiles - 1) | (it == it_hi - 1):
-                part = pid - (tile * k_tiles) // per
-                dst = part_ptr + (part * M + ms.to(tl.int64))[:, None] * N + rows[None, :]
-                tl.store(dst, _decode_result(acc, inv_ptr, ms, m_ok, SCHEME),
-                         mask=m_ok[:, None] & row_ok[None, :])
+                first = (tile * k_tiles) // per
+                parts = ((tile + 1) * k_tiles - 1) // per - first + 1
+                _finish_tile(_decode_result(acc, inv_ptr, ms, m_ok, SCHEME), pid - first,
+                             parts, part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows, row_ok,
+                             ms, m_ok, M, N, SCHEME)
                 acc = tl.zeros((BN, BM), tl.float32)
-
-    @triton.jit
-    def _stream_reduce_kernel(part_ptr, g_ptr, out_ptr, M, N, k_tiles, per, max_parts,
-                              SCHEME: tl.constexpr, BN: tl.constexpr, BLOCK: tl.constexpr):
-        """out[m, n] = sum of the parts of n's row tile (the programs that touched it, in
-        order), times the nvfp4 global scale, cast."""
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < M * N
-        n = offs % N
-        tile = n // BN
-        parts = ((tile + 1) * k_tiles - 1) // per - (tile * k_tiles) // per + 1
-        acc = tl.zeros((BLOCK,), tl.float32)
-        for j in range(max_parts):
-            acc += tl.load(part_ptr + j * M * N + offs, mask=mask & (j < parts), other=0.0)
-        if SCHEME == _NVFP4:
-            acc *= tl.load(g_ptr + n, mask=mask, other=0.0)
-        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_x, stride_w,
@@ -696,19 +713,6 @@ if triton is not None:
         ks = k0 + tl.arange(0, BK)
         mask = row_ok[:, None] if EVEN_K else row_ok[:, None] & (ks < K)[None, :]
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], w, mask=mask)
-
-    @triton.jit
-    def _splitk_reduce_kernel(part_ptr, g_ptr, out_ptr, MN, N, SPLITS, SCHEME: tl.constexpr,
-                              BLOCK: tl.constexpr):
-        """out[i] = sum over splits of part[s, i] (times the nvfp4 global scale), cast."""
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < MN
-        acc = tl.zeros((BLOCK,), tl.float32)
-        for s in range(SPLITS):
-            acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
-        if SCHEME == _NVFP4:
-            acc *= tl.load(g_ptr + offs % N, mask=mask, other=0.0)
-        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     def _even_k(args: dict) -> bool:
         return args["K"] % args["BK"] == 0
