@@ -116,22 +116,23 @@ class MLPWeights:
 
 @dataclass(frozen=True)
 class MoEWeights:
-    router: torch.Tensor  # [E, H]
+    # the router's E rows, then the shared expert's gate row: one small GEMM gives both the
+    # routing logits and the gate (a [1, H] product alone costs cuBLAS two kernels)
+    router_and_gate: torch.Tensor  # [E + 1, H]
     experts_gate_up: Weight  # [E, 2I, H]
     experts_down: Weight  # [E, H, I]
     shared_expert: MLPWeights
-    shared_expert_gate: torch.Tensor  # [1, H]
 
     @classmethod
     def load(cls, r: WeightReader, p: str, cfg: ModelConfig) -> MoEWeights:
         e, h, inter = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         return cls(
-            router=r.take(p + "router.weight", (e, h)),
+            router_and_gate=torch.cat([r.take(p + "router.weight", (e, h)),
+                                       r.take(p + "shared_expert_gate.weight", (1, h))]),
             experts_gate_up=r.take(p + "experts.gate_up_proj", (e, 2 * inter, h), packed=True),
             experts_down=r.take(p + "experts.down_proj", (e, h, inter), packed=True),
             shared_expert=MLPWeights.load(r, p + "shared_expert.", h,
                                           cfg.shared_expert_intermediate_size),
-            shared_expert_gate=r.take(p + "shared_expert_gate.weight", (1, h)),
         )
 
 
