@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_helpers import TickingClock, count_replays
-from test_spec_engine import BASE, drain, mixed
+from test_spec_engine import BASE, drafts_per_step, drain, mixed, warmed_up
 
 from ninfer_runtime.engine import Engine, EngineConfig
 from ninfer_runtime.engine.batch import Segment, StepBatch
@@ -65,6 +65,17 @@ def test_greedy_dflash_equals_plain_decoding(dflash_model: Callable, kind: str) 
             assert spec.rounds >= 1 and spec.drafted_tokens == k * spec.rounds
         assert eng.state_pool.allocator.num_free == eng.state_pool.num_slots == 4 * (1 + k)
         assert eng.kv_pool.allocator.num_free == eng.kv_pool.num_pages
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_dflash_warm_up_leaves_nothing_behind(dflash_model: Callable, kind: str) -> None:
+    """The warm-up's context injections and block passes write the draft's K/V into pages
+    requests get later: the drafts are still a fresh proposer's, step for step."""
+    loaded, reqs = dflash_model(kind), mixed(4, max_tokens=6)
+    fresh = drafts_per_step(make_engine(loaded, spec="dflash", draft_tokens=3), reqs)
+    assert drafts_per_step(warmed_up(make_engine(loaded, spec="dflash", draft_tokens=3)),
+                           reqs) == fresh
+    assert sum(bool(d) for step in fresh for d in step.values()) >= 8
 
 
 def reference_drafts(loaded: LoadedModel, tokens: list[int], k: int) -> list[int]:

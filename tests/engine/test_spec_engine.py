@@ -23,8 +23,10 @@ from engine_helpers import TickingClock, count_replays, greedy, prompt, request
 from ninfer_runtime import LLM
 from ninfer_runtime.engine import AdmissionError, Engine, EngineConfig, EngineRequest
 from ninfer_runtime.engine.batch import Segment, StepBatch
+from ninfer_runtime.engine.device_setup import warm_up_proposer
 from ninfer_runtime.engine.request import RequestOutput, SamplingParams
 from ninfer_runtime.engine.spec import Committed, MTPProposer, make_proposer
+from ninfer_runtime.engine.warmup import warmup_steps
 from ninfer_runtime.models.cache import GDNSlots
 from ninfer_runtime.models.layers import decoder_layer
 from ninfer_runtime.models.loading import DraftModels, LoadedModel, load_artifact
@@ -86,6 +88,23 @@ def drain(eng: Engine, requests: Sequence[EngineRequest] = (), *,
         if after_step is not None:
             after_step(eng)
     raise AssertionError("the engine does not make progress")
+
+
+def drafts_per_step(eng: Engine, reqs: Sequence[EngineRequest]) -> list[dict[str, list[int]]]:
+    """Every running request's drafts after each step of draining `reqs`."""
+    record: list[dict[str, list[int]]] = []
+    drain(eng, reqs, after_step=lambda e: record.append(
+        {rid: list(s.drafts) for rid, s in e.scheduler.running.items()}))
+    return record
+
+
+def warmed_up(eng: Engine) -> Engine:
+    """The engine after its proposer's start-up warm-up (which a GPU start runs on the
+    proposer's real caches, before any request)."""
+    assert eng.proposer is not None
+    steps = warmup_steps(eng.config, eng.model_config, 132)
+    warm_up_proposer(eng.proposer, eng.model, eng.config, steps, eng.kv_pool.num_pages)
+    return eng
 
 
 def mixed(n: int = 6, max_tokens: int = 9, seed: int = 0, **sampling: object) -> list:
@@ -339,6 +358,18 @@ def test_mtp_drafts_are_the_single_sequence_recursion(spec_model: Callable) -> N
                       draft_tokens=k)
     drain(eng, mixed(4, max_tokens=6), after_step=check)
     assert len(checked) == 4 and sum(checked.values()) >= 12
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_mtp_warm_up_leaves_nothing_behind(spec_model: Callable, kind: str) -> None:
+    """The warm-up's passes (every prompt shape class, every decode batch size) write the MTP's
+    K/V into pages requests get later: the drafts are still a fresh proposer's, step for
+    step."""
+    loaded, reqs = spec_model(kind), mixed(4, max_tokens=6)
+    fresh = drafts_per_step(make_engine(loaded, spec="mtp", draft_tokens=3), reqs)
+    assert drafts_per_step(warmed_up(make_engine(loaded, spec="mtp", draft_tokens=3)),
+                           reqs) == fresh
+    assert sum(bool(d) for step in fresh for d in step.values()) >= 8
 
 
 def test_draft_head_hook_changes_drafts_not_outputs(spec_model: Callable) -> None:

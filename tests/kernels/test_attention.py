@@ -18,8 +18,8 @@ import torch
 from ninfer_runtime.ops import attention
 from ninfer_runtime.ops.attention import (
     _paged_attention_triton,
-    _plan,
     _store_kv_triton,
+    launch_plan,
     paged_attention,
     paged_attention_ref,
     store_kv,
@@ -156,16 +156,15 @@ def test_non_causal_and_windowed(causal: bool, window: int | None, splits: int |
 def test_plan_gives_every_sequence_its_query_blocks() -> None:
     """Sequence b's blocks start at (cu[b] - b) // block_q + b: each has room for all of its
     ceil(len / block_q) blocks, the last ends inside the grid, and decode needs B programs."""
-    cpu = torch.device("cpu")
     for lens in ([1] * 5, [7, 1, 40, 3, 1], [1, 64], [100]):
-        plan = _plan(sum(lens), len(lens), 6, 4, cpu)
+        plan = launch_plan(sum(lens), len(lens), 6, 4, 1)
         cu = [0, *accumulate(lens)]
         starts = [(cu[b] - b) // plan.block_q + b for b in range(len(lens))] + [plan.num_blocks]
         assert plan.block_m >= 16 and plan.block_q * 6 <= plan.block_m
         assert all(starts[b + 1] - starts[b] >= -(-n // plan.block_q)
                    for b, n in enumerate(lens))
-    assert _plan(8, 8, 6, 4, cpu).num_blocks == 8
-    assert _plan(8, 8, 6, 4, cpu, num_splits=16).num_splits == 16
+    assert launch_plan(8, 8, 6, 4, 1).num_blocks == 8
+    assert launch_plan(8, 8, 6, 4, 1, num_splits=16).num_splits == 16
 
 
 @pytest.mark.parametrize("int8,d", [(True, 32), (True, 128), (False, 64)])

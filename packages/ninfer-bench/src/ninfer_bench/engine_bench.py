@@ -189,11 +189,8 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
                     "rows": [], "breakdown": {}}
     fp = footprint(engine.model, kv_dtype)
     report["footprint"] = fp.__dict__
-    # warm-up: Triton autotunes each kernel on its first call per shape, so run full prompt
-    # chunks (the startup plan may have tuned a larger step only) and every decode batch size
-    measure_prefill(engine, min(max(contexts), 2 * config.prefill_chunk))
-    for c in concurrency:
-        measure_decode(engine, min(256, min(contexts)), c, 8)
+    # no warm-up here: the engine's start-up ran every step shape a request can produce,
+    # decode at every batch size included, so Triton tuned nothing inside the timed requests
     for length in contexts:
         seconds = measure_prefill(engine, length)
         ceiling = BF16_FLOPS / (2 * fp.active_params)

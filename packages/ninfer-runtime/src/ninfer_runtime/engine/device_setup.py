@@ -1,16 +1,20 @@
-"""What the engine does once on a GPU before serving: plan the memory, capture the graphs.
+"""What the engine does once on a GPU before serving: warm up, plan the memory, capture graphs.
 
-The plan needs two numbers only a run can tell: the peak activations of the largest step the
+The warm-up runs one step of every shape class a request can produce (engine.warmup), so that
+Triton tunes its kernels here rather than inside the first requests. It runs on a scratch cache
+that is freed again before the real KV pool is allocated, as does the plan's measurement: the
+plan needs two numbers only a run can tell, the peak activations of the largest step the
 scheduler can build (every running request prefilling a full chunk) and of a full decode step.
-Both are measured on a scratch cache that is freed again before the real KV pool is allocated;
-the second of two runs is measured, so that Triton's autotuning (which allocates benchmark
-buffers on a kernel's first call) is not counted.
+The second of two runs is measured, so that tuning (which allocates benchmark buffers on a
+kernel's first call) is not counted.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
+from itertools import accumulate
 
 import torch
 
@@ -20,6 +24,8 @@ from ninfer_runtime.engine.config import EngineConfig
 from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs
 from ninfer_runtime.engine.kv_pool import kv_bytes_per_token, pages_for, request_pages
 from ninfer_runtime.engine.memory_plan import MemoryPlan, peak_bytes, plan_memory
+from ninfer_runtime.engine.spec import Committed, Proposer
+from ninfer_runtime.engine.warmup import WarmupStep, warmup_steps
 from ninfer_runtime.models.cache import GDNSlots, LayerCache, allocate_layer_caches
 from ninfer_runtime.models.qwen3_5 import Qwen3_5Model
 
@@ -55,18 +61,56 @@ def decode_batch(num_seqs: int, config: EngineConfig, page: int, device: torch.d
          for b in range(num_seqs)], config.page_size, device)
 
 
+def device_warmup_steps(model: Qwen3_5Model, config: EngineConfig) -> list[WarmupStep]:
+    """`warmup_steps` for the model's GPU."""
+    sms = torch.cuda.get_device_properties(model.device).multi_processor_count
+    return warmup_steps(config, model.config, sms)
+
+
+def warmup_batch(step: WarmupStep, config: EngineConfig, device: torch.device) -> StepBatch:
+    """The step on pages 0.. and state slots 0..B-1. Its segments share the pages: the warm-up
+    keeps no output."""
+    if step.decode:
+        return decode_batch(step.num_seqs, config, 0, device)
+    pages = range(pages_for(step.context + max(step.chunks), config.page_size))
+    return StepBatch.build([Segment([0] * n, step.context, pages, slot)
+                            for slot, n in enumerate(step.chunks)], config.page_size, device)
+
+
+def warm_up(model: Qwen3_5Model, caches: list[LayerCache], config: EngineConfig,
+            steps: Sequence[WarmupStep]) -> None:
+    """One forward of each warm-up step (the first launch of each key tunes its kernel)."""
+    start = time.perf_counter()
+    for step in steps:
+        _forward_step(model, caches, warmup_batch(step, config, model.device))
+    _synchronize(model.device)
+    log.info("warm-up: %d step shapes in %.1f s", len(steps), time.perf_counter() - start)
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for the device's work, so that the logged time is its own (the warm-up's tests run
+    on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def measure_workspaces(model: Qwen3_5Model, config: EngineConfig) -> tuple[int, int]:
-    """Peak activation bytes of (the largest prefill step, a full decode or verify step)."""
+    """Peak activation bytes of (the largest prefill step, a full decode or verify step), on
+    the scratch cache the warm-up ran on first."""
     size, c = config.page_size, config.max_concurrency
     tokens = c * min(config.prefill_chunk, config.max_context)
-    pages = pages_for(tokens, size)
+    steps = device_warmup_steps(model, config)
+    span = max(s.context + max(s.chunks) for s in steps if not s.decode)
+    pages = pages_for(max(tokens, span), size)
     scratch = model.allocate_cache(pages + 1, size, c * (1 + config.spec_tokens),
                                    config.kv_dtype == "int8")
+    warm_up(model, scratch, config, steps)
+    # one segment of c chunks: no real step, but it bounds their activations
     prefill = StepBatch.build([Segment([0] * tokens, 0, range(pages), 0)], size, model.device)
     decode = decode_batch(c, config, pages, model.device)
     peaks = []
     for batch in (prefill, decode):
-        _forward_step(model, scratch, batch)  # autotuning happens here
+        _forward_step(model, scratch, batch)  # what the warm-up did not tune happens here
         peaks.append(peak_bytes(lambda b=batch, s=scratch: _forward_step(model, s, b),
                                 model.device))
     del scratch
@@ -97,6 +141,33 @@ def plan_device_memory(model: Qwen3_5Model, config: EngineConfig,
         use_cuda_graphs=config.cuda_graphs, spec_tokens=config.spec_tokens)
     log.info("%s", plan.table())
     return plan
+
+
+def warm_up_proposer(proposer: Proposer, model: Qwen3_5Model, config: EngineConfig,
+                     steps: Sequence[WarmupStep], num_pages: int) -> None:
+    """The proposer's passes over the rows of every warm-up step, before its graphs are
+    captured: in a round with prompt chunks its first pass (MTP) or context injection (DFlash)
+    runs eagerly over whatever rows the step had. On its own caches, allocated but not yet used
+    by any request (each writes its positions before it reads them); a step needing more than
+    their `num_pages` pages cannot occur."""
+    k, h = config.spec_tokens, model.config.hidden_size
+    start, ran = time.perf_counter(), 0
+    for step in steps:
+        rows = [k + 1] * step.num_seqs if step.decode else step.chunks
+        # drafting writes up to K + 1 positions past a decode-ready request's rows
+        pages = range(pages_for(step.context + max(rows) + k + 1, config.page_size))
+        if len(pages) > num_pages:
+            continue
+        starts = [0, *accumulate(rows)]
+        committed = [Committed(f"warm-up-{i}", range(starts[i], starts[i + 1]), step.context,
+                               [0] * n, pages, propose=step.decode)
+                     for i, n in enumerate(rows)]
+        hidden = torch.zeros(starts[-1], h, dtype=model.dtype, device=model.device)
+        taps = hidden.new_zeros(starts[-1], len(proposer.taps) * h) if proposer.taps else None
+        proposer.propose(hidden, taps, committed)
+        ran += 1
+    _synchronize(model.device)
+    log.info("proposer warm-up: %d step shapes in %.1f s", ran, time.perf_counter() - start)
 
 
 def decode_graphs(model: Qwen3_5Model, caches: list[LayerCache], config: EngineConfig,

@@ -29,7 +29,12 @@ import torch
 from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.engine.batch import Segment, StepBatch
 from ninfer_runtime.engine.config import EngineConfig
-from ninfer_runtime.engine.device_setup import decode_graphs, plan_device_memory
+from ninfer_runtime.engine.device_setup import (
+    decode_graphs,
+    device_warmup_steps,
+    plan_device_memory,
+    warm_up_proposer,
+)
 from ninfer_runtime.engine.kv_pool import KVPool, request_pages, resolve_kv_capacity
 from ninfer_runtime.engine.request import (
     AdmissionError,
@@ -98,6 +103,9 @@ class Engine:
                                            int8_kv)
         if proposer is not None:  # its caches use the target's page ids
             proposer.allocate(num_pages, config.page_size, int8_kv)
+            if on_gpu:  # the target warmed up while planning the memory
+                warm_up_proposer(proposer, model, self.config,
+                                 device_warmup_steps(model, self.config), num_pages)
             if self.config.cuda_graphs:
                 proposer.capture_graphs(config.max_concurrency, request_pages(config))
         self.graphs = decode_graphs(model, self.caches, self.config,

@@ -210,13 +210,14 @@ class _AttentionPlan:
     num_splits: int
 
 
-def _plan(num_tokens: int, num_seqs: int, group: int, nkv: int, device: torch.device,
-          num_splits: int | None = None) -> _AttentionPlan:
+def launch_plan(num_tokens: int, num_seqs: int, group: int, nkv: int, num_sms: int,
+                num_splits: int | None = None) -> _AttentionPlan:
     """Chooses the launch from shapes alone (no device read-back).
 
     A segment has at most num_tokens - num_seqs + 1 queries, so a pure decode step (N == B)
     gets one token per program in the smallest tile; query blocks are placed as in
-    ops.varlen (exactly B blocks for decode).
+    ops.varlen (exactly B blocks for decode). block_m and num_splits are part of the kernel's
+    autotune key, so the engine's start-up warm-up (engine.warmup) enumerates them with this.
     """
     longest = num_tokens - num_seqs + 1
     block_m = max(DECODE_BLOCK_M, _pow2(group), min(PREFILL_BLOCK_M, _pow2(longest * group)))
@@ -224,7 +225,7 @@ def _plan(num_tokens: int, num_seqs: int, group: int, nkv: int, device: torch.de
     blocks = num_blocks(num_tokens, num_seqs, block_q)
     if num_splits is None:
         num_splits = 1
-        target = WAVES * _num_sms(device)
+        target = WAVES * num_sms
         while num_splits < MAX_SPLITS and blocks * nkv * num_splits < target:
             num_splits *= 2
     return _AttentionPlan(block_m, block_q, blocks, num_splits)
@@ -310,7 +311,8 @@ if triton is not None:
     @triton.autotune(configs=_configs(),
                      key=["BLOCK_M", "GROUP_HEADS", "HEAD_DIM", "QUANT", "NUM_SPLITS", "CAUSAL",
                           "HAS_WINDOW"],
-                     prune_configs_by={"early_config_prune": _prune_configs})
+                     prune_configs_by={"early_config_prune": _prune_configs},
+                     cache_results=True)
     @triton.jit
     def _paged_attention_kernel(
         q, stride_qt, stride_qh, k_cache, v_cache, k_scale, v_scale,
@@ -480,7 +482,7 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         assert meta.dtype == torch.int64 and meta.stride(-1) == 1
     quant = k_scale is not None
     group = d // k_scale.shape[-1] if quant else d
-    plan = _plan(n, num_seqs, nq // nkv, nkv, q.device, num_splits)
+    plan = launch_plan(n, num_seqs, nq // nkv, nkv, _num_sms(q.device), num_splits)
     assert plan.num_splits == _pow2(plan.num_splits)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     split = plan.num_splits > 1

@@ -651,4 +651,4 @@ if triton is not None:
         _configs([(32, 4, 2), (32, 8, 2), (16, 4, 2), (32, 4, 1), (64, 8, 1)]),
         key=["DK", "DV", "GROUP"],
         prune_configs_by={"early_config_prune": _fit_dv},
-        restore_value=["states_ptr"])(_gdn_chunked_kernel)
+        restore_value=["states_ptr"], cache_results=True)(_gdn_chunked_kernel)

@@ -213,9 +213,10 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _block_m(pairs: int, num_experts: int) -> int:
+def grouped_block_m(pairs: int, num_experts: int) -> int:
     """Rows per block from the mean rows per used expert: 16 at decode (one block each),
-    up to 64 for long prefills (fewer weight re-reads per row)."""
+    up to 64 for long prefills (fewer weight re-reads per row). Part of the grouped GEMM's
+    autotune key: the engine's start-up warm-up (engine.warmup) enumerates it with this."""
     mean = pairs / min(num_experts, pairs)
     return 16 if mean <= 16 else 32 if mean <= 32 else 64
 
@@ -281,7 +282,8 @@ def _launch_moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeig
     num_experts, inter = gu.shape[0], _check_experts(x, gu, dn)
     top_k = ids.shape[1]
     pairs = t * top_k
-    al = align(ids.to(torch.int64).contiguous(), num_experts, _block_m(pairs, num_experts))
+    al = align(ids.to(torch.int64).contiguous(), num_experts,
+               grouped_block_m(pairs, num_experts))
     weights = weights.contiguous()
     hidden = torch.empty((al.sorted_slots.shape[0], inter), dtype=x.dtype, device=x.device)
     _launch_grouped(x, gu, hidden, al, weights, top_k, swiglu=True)
@@ -506,7 +508,8 @@ if triton is not None:
             acc = acc * g[None, :]
         return acc
 
-    @triton.autotune(configs=_gemm_configs(), key=["N", "K", "SCHEME", "SWIGLU", "BLOCK_M"])
+    @triton.autotune(configs=_gemm_configs(), key=["N", "K", "SCHEME", "SWIGLU", "BLOCK_M"],
+                     cache_results=True)
     @triton.jit
     def _grouped_gemm_kernel(
         a, stride_am, w, scale, aux, stride_we, stride_wn, stride_se, stride_sn,
@@ -737,5 +740,5 @@ if triton is not None:
 
     _decode_gemv_kernel = triton.autotune(
         _decode_configs(), key=["N", "K", "SCHEME", "SWIGLU", "SLOTS"],
-        do_bench=_graph_bench)(triton.heuristics(
+        do_bench=_graph_bench, cache_results=True)(triton.heuristics(
             {"EVEN_K": lambda args: args["K"] % args["BK"] == 0})(_decode_gemv_kernel))

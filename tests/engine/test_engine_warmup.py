@@ -1,0 +1,103 @@
+"""The start-up warm-up (engine.warmup): its steps meet every shape-dependent autotune key that
+a step of real requests can have, and they run (here on the CPU, through the references)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+
+from ninfer_runtime.config import ModelConfig
+from ninfer_runtime.engine.config import EngineConfig
+from ninfer_runtime.engine.device_setup import warm_up, warmup_batch
+from ninfer_runtime.engine.kv_pool import pages_for
+from ninfer_runtime.engine.warmup import WarmupStep, step_keys, warmup_steps
+from ninfer_runtime.models.cache import GDNSlots
+from ninfer_runtime.models.loading import LoadedModel
+from ninfer_runtime.profiles import PROFILES
+
+H200_SMS = 132
+
+
+def met(steps: Sequence[WarmupStep], model: ModelConfig, sms: int) -> set:
+    return {key for s in steps for key in step_keys(s.num_tokens, s.num_seqs, model, sms)}
+
+
+def gemm_buckets(steps: Sequence[WarmupStep]) -> set[int]:
+    """The packed GEMM's row buckets (ops.quant_linear) the prompt steps meet."""
+    return {1 << (s.num_tokens - 1).bit_length() for s in steps
+            if not s.decode and 16 < s.num_tokens < 512}
+
+
+@pytest.mark.parametrize("profile", ["qwen3_6_27b", "qwen3_6_35b_a3b"])
+@pytest.mark.parametrize("sms,engine", [
+    (H200_SMS, {"prefill_chunk": 1024, "max_concurrency": 8}),
+    (H200_SMS, {"prefill_chunk": 256, "max_concurrency": 16, "spec": "mtp"}),
+    (78, {"prefill_chunk": 16, "max_concurrency": 8}),
+])
+def test_warm_up_meets_every_key_a_step_can_have(profile: str, sms: int, engine: dict) -> None:
+    """Brute force: B segments of 1..chunk tokens each, every N they can sum to."""
+    config = EngineConfig(max_context=70_000, **engine)
+    model = PROFILES[profile].config
+    chunk, c = config.prefill_chunk, config.max_concurrency
+    every = {key for b in range(1, c + 1) for n in range(b, b * chunk + 1)
+             for key in step_keys(n, b, model, sms)}
+    assert met(warmup_steps(config, model, sms), model, sms) == every
+
+
+def test_the_27b_warm_up_at_chunk_1024_and_8_requests() -> None:
+    config = EngineConfig(prefill_chunk=1024, max_concurrency=8, max_context=70_000)
+    steps = warmup_steps(config, PROFILES["qwen3_6_27b"].config, H200_SMS)
+    prompt = [s for s in steps if not s.decode]
+    # a long prompt's first chunk, then its second after the first is cached
+    assert steps[:2] == [WarmupStep(1024, 1), WarmupStep(1024, 1, context=1024)]
+    assert gemm_buckets(prompt) == {32, 64, 128, 256, 512}
+    for bucket in (32, 64, 128, 256, 512):  # N divisible by 16 and not (Triton compiles both)
+        assert {s.num_tokens % 16 == 0 for s in prompt
+                if bucket // 2 < s.num_tokens <= bucket} == {True, False}
+    assert any(s.num_seqs > 1 for s in prompt)  # chunks of several requests in one step
+    assert [s for s in steps if s.decode] == [WarmupStep(b, b, decode=True) for b in range(1, 9)]
+    for s in prompt:
+        assert s.num_seqs <= 8 and min(s.chunks) >= 1 and max(s.chunks) <= 1024
+        assert sum(s.chunks) == s.num_tokens and s.context + max(s.chunks) < 70_000
+    assert len(steps) == len(set(steps))
+
+
+def test_short_chunks_reach_the_buckets_their_sum_can() -> None:
+    """Chunks of 16 tokens (the decode GEMV's rows) reach the GEMM only as several requests'
+    chunks in one step: up to 8 x 16 rows. A prompt never exceeds one chunk here."""
+    config = EngineConfig(prefill_chunk=16, max_concurrency=8, max_context=17)
+    steps = warmup_steps(config, PROFILES["qwen3_6_27b"].config, H200_SMS)
+    assert gemm_buckets(steps) == {32, 64, 128}
+    assert all(s.context == 0 for s in steps)
+
+
+def test_verify_steps_with_spec() -> None:
+    config = EngineConfig(prefill_chunk=512, max_concurrency=4, max_context=4096, spec="mtp",
+                          draft_tokens=3)
+    steps = warmup_steps(config, PROFILES["qwen3_6_35b_a3b"].config, H200_SMS)
+    assert [s for s in steps if s.decode] == [WarmupStep(4 * b, b, decode=True)
+                                              for b in range(1, 5)]
+    assert steps[1] == WarmupStep(512, 1, context=512)
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_every_warm_up_step_runs(tiny_model: Callable[[str], LoadedModel], kind: str) -> None:
+    """The steps as batches (prompt chunks after their context, decode steps) through the
+    model, on a cache as small as the measurement's scratch."""
+    model = tiny_model(kind).model
+    config = EngineConfig(prefill_chunk=16, max_context=40, max_concurrency=3)
+    steps = warmup_steps(config, model.config, H200_SMS)
+    assert any(s.context for s in steps) and any(s.decode for s in steps)
+    for step in steps:
+        batch = warmup_batch(step, config, model.device)
+        assert batch.num_tokens == step.num_tokens
+        assert batch.state_slots.tolist() == list(range(step.num_seqs))
+        assert batch.positions.min().item() == step.context
+    span = max(s.context + max(s.chunks) for s in steps if not s.decode)
+    caches = model.allocate_cache(pages_for(span, config.page_size), config.page_size,
+                                  config.max_concurrency, True)
+    warm_up(model, caches, config, steps)
+    # no NaN state: on the GPU a NaN hidden would route MoE tokens to no valid expert
+    assert all(torch.isfinite(c.recurrent).all() for c in caches if isinstance(c, GDNSlots))
