@@ -275,7 +275,7 @@ def test_stream_k_decode(scheme: str, n: int, k: int, programs: int) -> None:
         quant_linear._run_decode(x, ops, out, quant_linear.DecodePlan(config,
                                                                       programs=programs))
         check(out, x, w)
-        assert not quant_linear._tile_counters(x.device, 1).any()
+        assert not quant_linear.tile_counters(x.device, 1).any()
 
 
 @pytest.mark.parametrize("dots", [1, 2, 4, 8])
@@ -297,4 +297,4 @@ def test_decode_dots(scheme: str, dots: int) -> None:
                 quant_linear._run_decode(x, ops, out, quant_linear.DecodePlan(config, *split))
                 check(out, x, w)
                 # the last part of each tile reset its arrival counter for the next call
-                assert not quant_linear._tile_counters(x.device, 1).any()
+                assert not quant_linear.tile_counters(x.device, 1).any()

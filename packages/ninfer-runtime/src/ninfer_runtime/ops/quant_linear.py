@@ -297,31 +297,31 @@ def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
     _run_decode(x, ops, out, plan)
 
 
-def _activation_operands(x: torch.Tensor, ops: _Operands
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def activation_operands(x: torch.Tensor, group_sums: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(xo, inv, xsum) of `quant_decode.activation_kernel` for x [M, K]: the decode kernels'
-    fp16 operand by code position, 1 / its row scale and (groupwise-int) its group sums."""
+    fp16 operand by code position, 1 / its row scale and, with `group_sums` (groupwise-int
+    weights), its sums per 128-input group."""
     m, k = x.shape
     xo = torch.empty((8, m, k // 8), dtype=torch.float16, device=x.device)
     inv = torch.empty(m, dtype=torch.float32, device=x.device)
-    has_sum = ops.layout.scheme == _INT_ID
     xsum = torch.empty((k // _GROUP_BK, m), dtype=torch.float32, device=x.device) \
-        if has_sum else inv
+        if group_sums else inv
     activation_kernel[(m,)](x, xo, inv, xsum, m, k, x.stride(0), GROUP=_GROUP_BK,
-                            HAS_SUM=has_sum, BLOCK=1024)
+                            HAS_SUM=group_sums, BLOCK=1024)
     return xo, inv, xsum
 
 
 def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: DecodePlan) -> None:
     m, k = x.shape
     n = out.shape[1]
-    xo, inv, xsum = _activation_operands(x, ops)
+    xo, inv, xsum = activation_operands(x, ops.layout.scheme == _INT_ID)
     c = plan.config
     common = dict(SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale, BM=_DECODE_BM,
                   ASM=DECODE_ASM and not _INTERPRET, EVEN_K=k % c.bk == 0, BN=c.bn, BK=c.bk,
                   DOTS=c.dots, num_warps=c.warps, num_stages=c.stages)
     tiles = triton.cdiv(n, c.bn)
-    counters = _tile_counters(x.device, tiles)
+    counters = tile_counters(x.device, tiles)
     if plan.programs:  # stream-K
         k_tiles = triton.cdiv(k, c.bk)
         per = triton.cdiv(tiles * k_tiles, plan.programs)
@@ -342,7 +342,7 @@ _MAX_TILES = 1 << 16  # row tiles a decode call may have (N <= 4M at BN = 64)
 _counters: dict[torch.device, torch.Tensor] = {}
 
 
-def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
     """The zeroed int32 arrival counters, one per row tile, that the decode kernels' K parts
     count themselves in (the last part of a tile sums them and sets its counter back to 0,
     so the buffer stays zero between calls and graph replays). One buffer per device, never
@@ -532,12 +532,12 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms, m_ok,
+    def decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms, m_ok,
                      M, K, k0, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
                      WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
                      BK: tl.constexpr, DOTS: tl.constexpr):
         """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ xo^T in operand units (the
-        activations' row scale is undone by `_decode_result`, as is the weights' offset)."""
+        activations' row scale is undone by `decode_result`, as is the weights' offset)."""
         BKW: tl.constexpr = BK // 8
         BKS: tl.constexpr = BKW // WPS
         # k0 is a multiple of BK: tell the compiler, so that the loads are 16-byte wide
@@ -567,7 +567,7 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _decode_result(acc, inv_ptr, ms, m_ok, SCHEME: tl.constexpr):
+    def decode_result(acc, inv_ptr, ms, m_ok, SCHEME: tl.constexpr):
         """acc [BN, BM] -> [BM, BN] with the activations' row scale and the nvfp4 operand
         offset (e2m1 * s * 2^-14) undone."""
         acc = acc * tl.load(inv_ptr + ms, mask=m_ok, other=0.0)[None, :]
@@ -576,26 +576,35 @@ if triton is not None:
         return tl.trans(acc)
 
     @triton.jit
+    def sum_parts(acc, part, parts, part_ptr, offs, part_stride, mask, counter_ptr):
+        """(whether this program holds the whole sum, that sum) of a tile computed in `parts`
+        parts, this program's being acc (part `part`): each part is stored at part_ptr + part *
+        part_stride + offs, and the last to arrive (the tile's arrival counter) adds them all in
+        part order (the same bits whichever arrives last) and sets the counter back to 0."""
+        last = parts == 1
+        total = acc
+        if parts > 1:
+            tl.store(part_ptr + part * part_stride + offs, acc, mask=mask)
+            tl.debug_barrier()  # every thread's part is stored before the tile counts it
+            last = tl.atomic_add(counter_ptr, 1, sem="acq_rel") == parts - 1
+            if last:
+                total = tl.zeros(acc.shape, tl.float32)
+                for j in range(parts):
+                    total += tl.load(part_ptr + j * part_stride + offs, mask=mask, other=0.0,
+                                     cache_modifier=".cg")
+                tl.atomic_xchg(counter_ptr, 0)
+        return last, total
+
+    @triton.jit
     def _finish_tile(acc, part, parts, part_ptr, counter_ptr, g_ptr, out_ptr, rows, row_ok, ms,
                      m_ok, M, N, SCHEME: tl.constexpr):
-        """Store a row tile's part `part` of `parts` (acc [BM, BN], operand offsets undone);
-        the last part to arrive sums all of them in part order (the same bits whichever
-        arrives last), applies the nvfp4 global scale and writes out [M, N] in its dtype. A
-        tile in one part is written directly."""
+        """A row tile's part `part` of `parts` (acc [BM, BN], operand offsets undone) into
+        out [M, N] (`sum_parts`), with the nvfp4 global scale, in out's dtype."""
         mask = m_ok[:, None] & row_ok[None, :]
         offs = ms.to(tl.int64)[:, None] * N + rows[None, :]
-        if parts > 1:
-            tl.store(part_ptr + part * M * N + offs, acc, mask=mask)
-            tl.debug_barrier()  # every thread's part is stored before the tile counts it
-            if tl.atomic_add(counter_ptr, 1, sem="acq_rel") == parts - 1:
-                acc = tl.zeros(acc.shape, tl.float32)
-                for j in range(parts):
-                    acc += tl.load(part_ptr + j * M * N + offs, mask=mask, other=0.0,
-                                   cache_modifier=".cg")
-                _store_output(acc, g_ptr, out_ptr + offs, rows, row_ok, mask, SCHEME)
-                tl.atomic_xchg(counter_ptr, 0)
-        else:
-            _store_output(acc, g_ptr, out_ptr + offs, rows, row_ok, mask, SCHEME)
+        last, total = sum_parts(acc, part, parts, part_ptr, offs, M * N, mask, counter_ptr)
+        if last:
+            _store_output(total, g_ptr, out_ptr + offs, rows, row_ok, mask, SCHEME)
 
     @triton.jit
     def _store_output(acc, g_ptr, out, rows, row_ok, mask, SCHEME: tl.constexpr):
@@ -623,10 +632,10 @@ if triton is not None:
         k_hi = tl.minimum(K, k_lo + split_len)
         acc = tl.zeros((BN, BM), tl.float32)
         for k0 in range(k_lo, k_hi, BK):
-            acc = _decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, rows.to(tl.int64),
+            acc = decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, rows.to(tl.int64),
                                row_ok, ms, m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME,
                                WPS, ASM, EVEN_K, BK, DOTS)
-        _finish_tile(_decode_result(acc, inv_ptr, ms, m_ok, SCHEME), pid_k,
+        _finish_tile(decode_result(acc, inv_ptr, ms, m_ok, SCHEME), pid_k,
                      tl.num_programs(1), part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows,
                      row_ok, ms, m_ok, M, N, SCHEME)
 
@@ -654,13 +663,13 @@ if triton is not None:
             kt = it - tile * k_tiles
             rows = tile * BN + tl.arange(0, BN)
             row_ok = rows < N
-            acc = _decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, rows.to(tl.int64),
+            acc = decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, rows.to(tl.int64),
                                row_ok, ms, m_ok, M, K, kt * BK, K, stride_w, stride_s, SCHEME,
                                WPS, ASM, EVEN_K, BK, DOTS)
             if (kt == k_tiles - 1) | (it == it_hi - 1):
                 first = (tile * k_tiles) // per
                 parts = ((tile + 1) * k_tiles - 1) // per - first + 1
-                _finish_tile(_decode_result(acc, inv_ptr, ms, m_ok, SCHEME), pid - first,
+                _finish_tile(decode_result(acc, inv_ptr, ms, m_ok, SCHEME), pid - first,
                              parts, part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows, row_ok,
                              ms, m_ok, M, N, SCHEME)
                 acc = tl.zeros((BN, BM), tl.float32)
