@@ -5,10 +5,12 @@ aligned blocks) over bf16/fp16/fp32, nvfp4 and groupwise-int stacked experts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from ninfer_runtime.ops import moe
+from ninfer_runtime.ops import moe, quant_linear
 from ninfer_runtime.ops.moe import (
     DECODE_MAX_TOKENS,
     _launch_align,
@@ -170,3 +172,32 @@ def test_decode_sizes_take_the_gemv_path(monkeypatch: pytest.MonkeyPatch) -> Non
     out = moe_experts(x, gate_up, down, weights, ids)
     expected = moe_experts_ref(x, gate_up, down, weights, ids)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5 * expected.abs().max())
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("dots", [2, 8])
+@pytest.mark.parametrize("scheme", ["nvfp4", "int4"])
+def test_tensor_core_decode(scheme: str, dots: int, splits: int,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packed experts with half activations take the tensor-core stages (ops.quant_linear's
+    decode tile per pair); every config and K split gives the reference, and the arrival
+    counters that add the K parts and a token's pairs are left at zero."""
+    ran = []
+    stage = moe._tensor_core_stage
+    monkeypatch.setattr(moe, "_tensor_core_stage",
+                        lambda *a, **kw: ran.append(1) or stage(*a, **kw))
+    hidden, inter = (768, 64) if scheme == "nvfp4" else (384, 128)
+    for tokens, top_k in ((1, 2), (2, 3)):
+        moe._stage_plans.clear()
+        candidate = moe._stage_candidates(inter, hidden, moe.NVFP4 if scheme == "nvfp4"
+                                          else moe.INT4, True)[0]
+        plan = moe._StagePlan(dataclasses.replace(candidate.config, dots=dots), splits)
+        monkeypatch.setattr(moe, "_stage_candidates", lambda *a, plan=plan: [plan])
+        x, gate_up, down, weights, ids = experts_case(scheme, tokens, hidden, inter, HALF,
+                                                      top_k=top_k)
+        out = _launch_moe_decode(x, gate_up, down, weights, ids)
+        expected = moe_experts_ref(x.float(), gate_up, down, weights, ids)
+        torch.testing.assert_close(out.float(), expected, rtol=4e-3,
+                                   atol=4e-3 * expected.abs().max().item())
+        assert not quant_linear.tile_counters(x.device, 1).any()
+    assert len(ran) == 4  # two stages, two cases

@@ -76,7 +76,7 @@ DEQUANT_MIN_M = 512  # from here dequantize once and call cuBLAS (_dequant_kerne
 # the decode kernel's fp16 operands come from inline PTX on the GPU (False: the pure-Triton
 # twin, bit-identical and slower; the interpreter always runs the twin)
 DECODE_ASM = True
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 # programs per SM the K split may aim at (counted with BN = 64); the decode tuner times each
 # with each config: the first is the default, the larger ones trade pipeline length for more
@@ -271,7 +271,7 @@ _decode_plans: dict[tuple, DecodePlan] = {}
 def decode_candidates(n: int, k: int, scheme: int, device: torch.device) -> list[DecodePlan]:
     """Every (config, K split) the decode tuner may pick for an [n, k] weight; the first is
     the default."""
-    configs = [_INTERPRETER_CONFIGS[scheme]] if _INTERPRET else DECODE_CONFIGS[scheme]
+    configs = [_INTERPRETER_CONFIGS[scheme]] if INTERPRET else DECODE_CONFIGS[scheme]
     splits = dict.fromkeys(k_split(n, k, device, t) for t in SPLIT_TARGETS)
     streams = [p * _sm_count(device) for p in STREAM_PROGRAMS_PER_SM]
     return [DecodePlan(c, *split) for c in configs for split in splits] + [
@@ -318,7 +318,7 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
     xo, inv, xsum = activation_operands(x, ops.layout.scheme == _INT_ID)
     c = plan.config
     common = dict(SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale, BM=_DECODE_BM,
-                  ASM=DECODE_ASM and not _INTERPRET, EVEN_K=k % c.bk == 0, BN=c.bn, BK=c.bk,
+                  ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % c.bk == 0, BN=c.bn, BK=c.bk,
                   DOTS=c.dots, num_warps=c.warps, num_stages=c.stages)
     tiles = triton.cdiv(n, c.bn)
     counters = tile_counters(x.device, tiles)
@@ -378,7 +378,7 @@ def _graph_bench(kernel_call: Callable[[], object], quantiles: tuple[float, ...]
 
 def _configs(space: list[tuple[dict, int, int]], interpret: tuple[dict, int, int]) -> list:
     """Autotune configs; a single one under the interpreter (which autotunes nothing)."""
-    chosen = [interpret] if _INTERPRET else space
+    chosen = [interpret] if INTERPRET else space
     return [triton.Config(kw, num_warps=w, num_stages=s) for kw, w, s in chosen]
 
 
