@@ -10,7 +10,8 @@ start tune before it serves.
 The keys that change from step to step depend on the step's shape alone:
 - its N tokens: the packed GEMM's row bucket, next_power_of_2(N) for SKINNY_MAX_M < N <
   DEQUANT_MIN_M (ops.quant_linear; fewer rows take the decode GEMV, tuned once per weight, more
-  a dequantized cuBLAS GEMM, untuned), and the MoE experts' path and block rows (ops.moe);
+  a dequantized cuBLAS GEMM, untuned), and the MoE experts' path, block rows (ops.moe) or,
+  at decode sizes, the power of two of N its tensor-core stages are tuned for;
 - N and its B segments: the attention launch plan, BLOCK_M and NUM_SPLITS (ops.attention).
 The cached context before a chunk changes none of them (attention is causal whatever it is),
 the other keys are the model's sizes (GDN's chunked kernel, the decode GEMVs, the MoE GEMV),
@@ -64,7 +65,7 @@ def step_keys(num_tokens: int, num_seqs: int, model: ModelConfig, num_sms: int) 
     plan = launch_plan(n, num_seqs, model.num_attention_heads // nkv, nkv, num_sms)
     keys = {("linear", gemm), ("attention", (plan.block_m, plan.num_splits))}
     if model.is_moe:
-        keys.add(("moe", "gemv" if n <= DECODE_MAX_TOKENS else
+        keys.add(("moe", ("gemv", 1 << (n - 1).bit_length()) if n <= DECODE_MAX_TOKENS else
                   grouped_block_m(n * model.num_experts_per_tok, model.num_experts)))
     return frozenset(keys)
 

@@ -376,7 +376,9 @@ def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: tor
     plan (config, splits) is timed per shape on the first call, like the dense decode's."""
     e, rows, k = w.shape
     n = rows // 2 if swiglu else rows
-    key = (a.shape[0], ids.shape[1], n, k, w.scheme, swiglu, a.dtype, a.device)
+    # tuned per power of two of the token count (the warm-up meets each, engine.warmup)
+    key = (triton.next_power_of_2(ids.shape[0]), ids.shape[1], n, k, w.scheme, swiglu, a.dtype,
+           a.device)
     plan = _stage_plans.get(key)
     if plan is None:
         candidates = _stage_candidates(n, k, w.scheme, swiglu)
