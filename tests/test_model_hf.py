@@ -3,6 +3,8 @@ invariants: incremental decoding and split prefill equal one-shot scoring; the M
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -87,6 +89,15 @@ def test_missing_or_misshapen_weights_are_named() -> None:
     del weights[name]
     with pytest.raises(WeightError, match=f"lack the tensor '{name}'"):
         Qwen3_5Model(cfg, weights)
+
+
+def test_shared_expert_of_another_size_is_named() -> None:
+    """The shared expert runs stacked with the routed ones, so its size must be theirs: a
+    config where it is not gets a clear error, not a shape failure deep in a kernel."""
+    _, cfg = hf_model("tiny_moe")
+    other = dataclasses.replace(cfg, shared_expert_intermediate_size=2 * cfg.moe_intermediate_size)
+    with pytest.raises(WeightError, match="shared expert's intermediate size"):
+        Qwen3_5Model(other, dict(ninfer_weights("tiny_moe")))
 
 
 @pytest.mark.parametrize("scheme", ["nvfp4", "groupwise-int"])

@@ -201,3 +201,18 @@ def test_tensor_core_decode(scheme: str, dots: int, splits: int,
                                    atol=4e-3 * expected.abs().max().item())
         assert not quant_linear.tile_counters(x.device, 1).any()
     assert len(ran) == 4  # two stages, two cases
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_route_with_the_shared_expert(tokens: int) -> None:
+    """With shared=True the last logit is the shared expert's gate: the routed slots are those
+    of the other logits, and slot k is expert E weighted by sigmoid(gate)."""
+    experts, top_k = 8, 2
+    logits = (torch.randn(tokens, experts + 1, generator=gen(5)) * 2).to(DEVICE, HALF)
+    weights, ids = route(logits, top_k, shared=True)
+    ref_weights, ref_ids = route_ref(logits, top_k, shared=True)
+    routed_weights, routed_ids = route_ref(logits[:, :-1], top_k)
+    assert torch.equal(ref_ids[:, :top_k], routed_ids)
+    assert torch.equal(ids, ref_ids) and (ids[:, top_k] == experts).all()
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(weights[:, top_k], torch.sigmoid(logits[:, -1].float()))

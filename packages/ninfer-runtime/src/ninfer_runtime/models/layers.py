@@ -94,10 +94,8 @@ def mlp(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
 
 def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig) -> torch.Tensor:
     """Routed experts (top-k, renormalised) plus the sigmoid-gated shared expert."""
-    logits = linear(x, w.router_and_gate)
-    weights, ids = route(logits[..., :-1], cfg.num_experts_per_tok)
-    routed = moe_experts(x, w.experts_gate_up, w.experts_down, weights, ids)
-    return torch.addcmul(routed, torch.sigmoid(logits[..., -1:]), mlp(x, w.shared_expert))
+    weights, ids = route(linear(x, w.router_and_gate), cfg.num_experts_per_tok, shared=True)
+    return moe_experts(x, w.experts_gate_up, w.experts_down, weights, ids)
 
 
 def decoder_layer(x: torch.Tensor, h: torch.Tensor | None, w: DecoderLayerWeights,

@@ -116,24 +116,49 @@ class MLPWeights:
 
 @dataclass(frozen=True)
 class MoEWeights:
-    # the router's E rows, then the shared expert's gate row: one small GEMM gives both the
-    # routing logits and the gate (a [1, H] product alone costs cuBLAS two kernels)
+    """The routed experts with the shared expert stacked after them as expert E: one MoE pass
+    runs both, the shared expert in a slot of its own weighted by sigmoid(its gate) (ops.moe
+    `route(..., shared=True)`), which takes the shared expert's five kernels and its gating's
+    two off every layer."""
+
+    # the router's E rows, then the shared expert's gate row: one GEMM gives both
     router_and_gate: torch.Tensor  # [E + 1, H]
-    experts_gate_up: Weight  # [E, 2I, H]
-    experts_down: Weight  # [E, H, I]
-    shared_expert: MLPWeights
+    experts_gate_up: Weight  # [E + 1, 2I, H]
+    experts_down: Weight  # [E + 1, H, I]
 
     @classmethod
     def load(cls, r: WeightReader, p: str, cfg: ModelConfig) -> MoEWeights:
         e, h, inter = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        if cfg.shared_expert_intermediate_size != inter:
+            raise WeightError(
+                f"{p}: the shared expert's intermediate size "
+                f"{cfg.shared_expert_intermediate_size} differs from the routed experts' {inter}; "
+                "NInfer runs the shared expert stacked with them (every Qwen3.5/3.6 MoE has them "
+                "equal)")
+        shared = MLPWeights.load(r, p + "shared_expert.", h, inter)
         return cls(
             router_and_gate=torch.cat([r.take(p + "router.weight", (e, h)),
                                        r.take(p + "shared_expert_gate.weight", (1, h))]),
-            experts_gate_up=r.take(p + "experts.gate_up_proj", (e, 2 * inter, h), packed=True),
-            experts_down=r.take(p + "experts.down_proj", (e, h, inter), packed=True),
-            shared_expert=MLPWeights.load(r, p + "shared_expert.", h,
-                                          cfg.shared_expert_intermediate_size),
+            experts_gate_up=_stack(r.take(p + "experts.gate_up_proj", (e, 2 * inter, h),
+                                          packed=True), shared.gate_up_proj),
+            experts_down=_stack(r.take(p + "experts.down_proj", (e, h, inter), packed=True),
+                                shared.down_proj),
         )
+
+
+def _stack(experts: Weight, extra: Weight) -> Weight:
+    """experts [E, N, K] with `extra` [N, K] appended as expert E (plain or packed alike)."""
+    if isinstance(experts, PackedWeight) != isinstance(extra, PackedWeight):
+        raise WeightError("the shared expert and the routed experts are stored differently "
+                          "(one packed, one not)")
+    if not isinstance(experts, PackedWeight):
+        return torch.cat([experts, extra[None]])
+    if experts.scheme.name != extra.scheme.name or experts.parts.keys() != extra.parts.keys():
+        raise WeightError(f"the shared expert is {extra.scheme.name}, the routed experts "
+                          f"{experts.scheme.name}")
+    parts = {role: torch.cat([part, extra.parts[role][None]])
+             for role, part in experts.parts.items()}
+    return PackedWeight(experts.scheme, parts, (experts.shape[0] + 1, *experts.shape[1:]))
 
 
 @dataclass(frozen=True)

@@ -69,11 +69,19 @@ DECODE_MAX_TOKENS = 16
 # ---- references ----
 
 
-def route_ref(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def route_ref(router_logits: torch.Tensor, top_k: int, shared: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax (fp32) -> top-k -> renormalise: (weights fp32 [T, k], expert ids [T, k]).
 
-    Qwen3.5 always renormalises the top-k probabilities (no norm_topk_prob switch).
+    Qwen3.5 always renormalises the top-k probabilities (no norm_topk_prob switch). With
+    `shared`, the logits' last column is the shared expert's gate and not routed: it becomes
+    slot k, expert E (the shared expert stacked after the E routed ones), weight sigmoid(gate).
     """
+    if shared:
+        weights, ids = route_ref(router_logits[..., :-1], top_k)
+        gate = torch.sigmoid(router_logits[..., -1:].float())
+        return (torch.cat([weights, gate], -1),
+                torch.cat([ids, torch.full_like(ids[..., :1], router_logits.shape[-1] - 1)], -1))
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, ids = probs.topk(top_k, dim=-1)
     return weights / weights.sum(-1, keepdim=True), ids
@@ -145,11 +153,13 @@ def align_ref(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
 # ---- public ops ----
 
 
-def route(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax (fp32) -> top-k -> renormalise: (weights fp32 [T, k], expert ids [T, k])."""
+def route(router_logits: torch.Tensor, top_k: int, shared: bool = False
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax (fp32) -> top-k -> renormalise: (weights fp32 [T, k], expert ids [T, k]), and
+    with `shared` the shared expert's slot after them (`route_ref`)."""
     if not use_triton(router_logits) or router_logits.shape[0] == 0:
-        return route_ref(router_logits, top_k)
-    return _launch_route(router_logits, top_k)
+        return route_ref(router_logits, top_k, shared)
+    return _launch_route(router_logits, top_k, shared)
 
 
 def align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
@@ -227,16 +237,18 @@ def grouped_block_m(pairs: int, num_experts: int) -> int:
     return 16 if mean <= 16 else 32 if mean <= 32 else 64
 
 
-def _launch_route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch_route(logits: torch.Tensor, top_k: int, shared: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     assert logits.dim() == 2 and logits.stride(1) == 1, \
         f"route: need [T, E] with contiguous columns, got {tuple(logits.shape)}"
-    t, e = logits.shape
+    t, e = logits.shape[0], logits.shape[1] - shared
     assert 0 < top_k <= e, f"route: top_k {top_k} of {e} experts"
-    weights = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
-    ids = torch.empty((t, top_k), dtype=torch.int64, device=logits.device)
+    slots = top_k + shared
+    weights = torch.empty((t, slots), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((t, slots), dtype=torch.int64, device=logits.device)
     block_e = triton.next_power_of_2(e)
     _route_kernel[(t,)](logits, logits.stride(0), weights, ids, e, TOP_K=top_k,
-                        TOP_K_P2=triton.next_power_of_2(top_k), BLOCK_E=block_e,
+                        TOP_K_P2=triton.next_power_of_2(top_k), BLOCK_E=block_e, SHARED=shared,
                         num_warps=max(1, min(8, block_e // 128)))
     return weights, ids
 
@@ -451,9 +463,11 @@ if triton is not None:
 
     @triton.jit
     def _route_kernel(logits, stride_t, weights_out, ids_out, num_experts,
-                      TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr, BLOCK_E: tl.constexpr):
+                      TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr, BLOCK_E: tl.constexpr,
+                      SHARED: tl.constexpr):
         """Token program_id(0): softmax over its experts, top-k by repeated argmax (lowest
-        expert id on ties), the k probabilities renormalised."""
+        expert id on ties), the k probabilities renormalised; with SHARED, slot k is expert
+        num_experts weighted by the sigmoid of the logit after the experts'."""
         t = tl.program_id(0).to(tl.int64)
         e = tl.arange(0, BLOCK_E)
         mask = e < num_experts
@@ -472,9 +486,13 @@ if triton is not None:
             top_ids = tl.where(slot == j, idx.to(tl.int64), top_ids)
             work = tl.where(e == idx, -2.0, work)
         top = top / tl.sum(top, axis=0)
-        out = t * TOP_K + slot
+        out = t * (TOP_K + SHARED) + slot
         tl.store(weights_out + out, top, mask=slot < TOP_K)
         tl.store(ids_out + out, top_ids, mask=slot < TOP_K)
+        if SHARED:
+            gate = tl.load(logits + t * stride_t + num_experts).to(tl.float32)
+            tl.store(weights_out + t * (TOP_K + 1) + TOP_K, 1.0 / (1.0 + tl.exp(-gate)))
+            tl.store(ids_out + t * (TOP_K + 1) + TOP_K, num_experts.to(tl.int64))
 
     @triton.jit
     def _align_kernel(flat_ids, sorted_slots, block_expert, n, num_blocks,
