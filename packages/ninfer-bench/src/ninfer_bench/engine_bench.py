@@ -75,9 +75,10 @@ def footprint(model: Qwen3_5Model, kv_dtype: str) -> Footprint:
     cfg = model.config
     weight_bytes = _nbytes(model.layers) + _nbytes(model.lm_head) + _nbytes(model.norm)
     params = _params(model.layers) + _params(model.lm_head)
-    if cfg.num_experts:  # only top-k of the routed experts are read / multiplied per token
+    if cfg.num_experts:  # of the E + 1 stacked experts (the shared one last), a token reads
+        # / multiplies its top-k and the shared one
         experts = [(layer.mlp.experts_gate_up, layer.mlp.experts_down) for layer in model.layers]
-        unused = 1 - cfg.num_experts_per_tok / cfg.num_experts
+        unused = 1 - (cfg.num_experts_per_tok + 1) / (cfg.num_experts + 1)
         weight_bytes -= int(unused * _nbytes(experts))
         params -= int(unused * _params(experts))
     gdn = [k for k in cfg.layer_types if k != FULL_ATTENTION]

@@ -1,7 +1,8 @@
 """Mixture-of-experts routing and the routed SwiGLU experts.
 
-The shared expert is an ordinary MLP gated by sigmoid(x . shared_expert_gate); the model
-composes it from `linear` and `silu_and_mul`.
+The shared expert, an MLP gated by sigmoid(x . shared_expert_gate), is stacked after the E
+routed experts (models.weights.MoEWeights): `route(..., shared=True)` gives every token a slot
+k for expert E with that gate as its weight, so one pass runs routed and shared experts.
 
 Each op has a torch reference (`*_ref`, the oracle and the CPU path) and a Triton path
 (ops.dispatch picks):
