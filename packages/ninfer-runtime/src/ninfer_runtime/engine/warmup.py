@@ -66,7 +66,8 @@ def step_keys(num_tokens: int, num_seqs: int, model: ModelConfig, num_sms: int) 
     keys = {("linear", gemm), ("attention", (plan.block_m, plan.num_splits))}
     if model.is_moe:
         keys.add(("moe", ("gemv", 1 << (n - 1).bit_length()) if n <= DECODE_MAX_TOKENS else
-                  grouped_block_m(n * model.num_experts_per_tok, model.num_experts)))
+                  # the shared expert: one more slot per token, one more stacked expert
+                  grouped_block_m(n * (model.num_experts_per_tok + 1), model.num_experts + 1)))
     return frozenset(keys)
 
 
