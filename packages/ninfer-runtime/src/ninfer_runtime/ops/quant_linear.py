@@ -533,9 +533,9 @@ if triton is not None:
 
     @triton.jit
     def decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms, m_ok,
-                     M, K, k0, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
-                     WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
-                     BK: tl.constexpr, DOTS: tl.constexpr):
+                    M, K, k0, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
+                    WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
+                    BK: tl.constexpr, DOTS: tl.constexpr):
         """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ xo^T in operand units (the
         activations' row scale is undone by `decode_result`, as is the weights' offset)."""
         BKW: tl.constexpr = BK // 8
@@ -633,8 +633,8 @@ if triton is not None:
         acc = tl.zeros((BN, BM), tl.float32)
         for k0 in range(k_lo, k_hi, BK):
             acc = decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, rows.to(tl.int64),
-                               row_ok, ms, m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME,
-                               WPS, ASM, EVEN_K, BK, DOTS)
+                              row_ok, ms, m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME,
+                              WPS, ASM, EVEN_K, BK, DOTS)
         _finish_tile(decode_result(acc, inv_ptr, ms, m_ok, SCHEME), pid_k,
                      tl.num_programs(1), part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows,
                      row_ok, ms, m_ok, M, N, SCHEME)
@@ -664,8 +664,8 @@ if triton is not None:
             rows = tile * BN + tl.arange(0, BN)
             row_ok = rows < N
             acc = decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, rows.to(tl.int64),
-                               row_ok, ms, m_ok, M, K, kt * BK, K, stride_w, stride_s, SCHEME,
-                               WPS, ASM, EVEN_K, BK, DOTS)
+                              row_ok, ms, m_ok, M, K, kt * BK, K, stride_w, stride_s, SCHEME,
+                              WPS, ASM, EVEN_K, BK, DOTS)
             if (kt == k_tiles - 1) | (it == it_hi - 1):
                 first = (tile * k_tiles) // per
                 parts = ((tile + 1) * k_tiles - 1) // per - first + 1
