@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ninfer_runtime.ops import launch
 from ninfer_runtime.ops.dispatch import use_triton
 
 CPU = torch.zeros(1)
@@ -27,3 +28,14 @@ def test_unvalidated_kernels_stay_off_in_auto_mode(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("NINFER_OPS", "auto")
     x = torch.zeros(1, device="cuda")
     assert use_triton(x) and not use_triton(x, validated=False)
+
+
+def test_dependent_launch_only_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PDL launch arguments are off on the CPU (and under the interpreter, which cannot run
+    its wait), and NINFER_PDL=0 turns them off anywhere."""
+    assert launch.options(torch.device("cpu")) == {"GDC": False, "launch_pdl": False}
+    launch._pdl.cache_clear()
+    monkeypatch.setenv("NINFER_PDL", "0")
+    if torch.cuda.is_available():
+        assert launch.options(torch.device("cuda")) == {"GDC": False, "launch_pdl": False}
+    launch._pdl.cache_clear()

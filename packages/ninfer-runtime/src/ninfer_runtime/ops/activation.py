@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer_runtime.ops.dispatch import use_triton
+from ninfer_runtime.ops.launch import options
 
 try:
     import triton
@@ -34,10 +35,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 if triton is not None:
+    from ninfer_runtime.ops.launch import wait_for_inputs
 
     @triton.jit
-    def _silu_and_mul_kernel(x_ptr, out_ptr, inter, stride_x, BLOCK: tl.constexpr):
+    def _silu_and_mul_kernel(x_ptr, out_ptr, inter, stride_x, BLOCK: tl.constexpr,
+                             GDC: tl.constexpr):
         """Row program_id(0), columns program_id(1)*BLOCK.. of the [M, I] output."""
+        wait_for_inputs(GDC)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < inter
@@ -63,5 +67,6 @@ def _launch_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     # and up; 17408 (27B) and 512 (35B experts) split into whole blocks.
     block = min(1024, triton.next_power_of_2(inter))
     _silu_and_mul_kernel[(m, triton.cdiv(inter, block))](
-        x, out, inter, x.stride(0), BLOCK=block, num_warps=max(1, min(4, block // 256)))
+        x, out, inter, x.stride(0), BLOCK=block, num_warps=max(1, min(4, block // 256)),
+        **options(x.device))
     return out

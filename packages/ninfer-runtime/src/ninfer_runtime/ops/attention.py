@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.ops.kv_quant import dequantize_int8, quantize_int8
+from ninfer_runtime.ops.launch import options
 from ninfer_runtime.ops.varlen import num_blocks
 
 try:
@@ -251,6 +252,7 @@ def _prune_configs(configs: list[triton.Config], named_args: dict,
 
 
 if triton is not None:
+    from ninfer_runtime.ops.launch import wait_for_inputs
 
     @triton.jit
     def _store_one(x, stride_xt, stride_xh, cache_, scales, slot, t, num_heads,
@@ -276,8 +278,9 @@ if triton is not None:
     def _store_kv_kernel(k, v, stride_kt, stride_kh, stride_vt, stride_vh,
                          k_cache, v_cache, k_scale, v_scale, slot_mapping, num_heads,
                          HEADS: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr,
-                         QUANT: tl.constexpr):
+                         QUANT: tl.constexpr, GDC: tl.constexpr):
         """One program per token: its K and V rows, all heads, into their slot."""
+        wait_for_inputs(GDC)
         t = tl.program_id(0).to(tl.int64)
         slot = tl.load(slot_mapping + t)
         if slot < 0:
@@ -323,10 +326,12 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
         NUM_SPLITS: tl.constexpr, QUANT: tl.constexpr, HAS_GATE: tl.constexpr,
         CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        GDC: tl.constexpr,
     ):
         """Program (block, kv head, split): rows r of the tile are query token r // GROUP_HEADS
         of the block and q head kv_head * GROUP_HEADS + r % GROUP_HEADS. Keys are walked over
         [kv_start, kv_end): what the block's rows can see at all (visible_keys)."""
+        wait_for_inputs(GDC)
         BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_HEADS
         block = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -413,8 +418,9 @@ if triton is not None:
     @triton.jit
     def _merge_splits_kernel(part_out, part_lse, out, stride_ot, stride_oh, gate, stride_gt,
                              stride_gh, num_heads, NUM_SPLITS: tl.constexpr,
-                             HEAD_DIM: tl.constexpr, HAS_GATE: tl.constexpr):
+                             HEAD_DIM: tl.constexpr, HAS_GATE: tl.constexpr, GDC: tl.constexpr):
         """Program (token, head): the splits' outputs weighted by their share of the softmax."""
+        wait_for_inputs(GDC)
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         part = (t * num_heads + h) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
@@ -454,7 +460,7 @@ def _store_kv_triton(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
     _store_kv_kernel[(n,)](
         k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache, v_cache,
         k_scale if quant else k_cache, v_scale if quant else v_cache, slot_mapping, nkv,
-        HEADS=_pow2(nkv), GROUPS=d // group, GROUP=group, QUANT=quant,
+        HEADS=_pow2(nkv), GROUPS=d // group, GROUP=group, QUANT=quant, **options(k.device),
     )
 
 
@@ -500,11 +506,12 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         GROUP_HEADS=nq // nkv, BLOCK_M=plan.block_m, HEAD_DIM=d, GROUP=group,
         PAGE_SIZE=page_size, NUM_SPLITS=plan.num_splits, QUANT=quant, HAS_GATE=gate is not None,
         CAUSAL=causal, HAS_WINDOW=window is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **options(q.device),
     )
     if split:
         _merge_splits_kernel[(n, nq)](
             part_out, part_lse, out, out.stride(0), out.stride(1), g, g.stride(0), g.stride(1),
             nq, NUM_SPLITS=plan.num_splits, HEAD_DIM=d, HAS_GATE=gate is not None,
+            **options(q.device),
         )
     return out

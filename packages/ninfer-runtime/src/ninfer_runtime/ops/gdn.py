@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from ninfer_runtime.ops.conv import causal_conv1d_update, check_conv_args
 from ninfer_runtime.ops.dispatch import use_triton
+from ninfer_runtime.ops.launch import options
 from ninfer_runtime.ops.varlen import num_blocks
 
 try:
@@ -298,7 +299,7 @@ def _launch_decode(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
         conv_weight.stride(0), *conv_states.stride(), states.stride(0), states.stride(1),
         out.stride(0), out.stride(1), nk * dk, dk**-0.5, GROUP=nv // nk, DK=dk, DV=dv, BV=bv,
         K=kernel, KP=triton.next_power_of_2(kernel), HAS_SNAPSHOTS=snapshot_slots is not None,
-        num_warps=max(1, min(_DECODE_WARPS, dk * bv // 512)))
+        num_warps=max(1, min(_DECODE_WARPS, dk * bv // 512)), **options(mixed_qkv.device))
     return out
 
 
@@ -409,6 +410,7 @@ def _fit_dv(configs: list, named_args: dict, **kwargs: object) -> list:
 
 if triton is not None:
     from ninfer_runtime.ops.conv import conv_silu_at, store_conv_window
+    from ninfer_runtime.ops.launch import wait_for_inputs
     from ninfer_runtime.ops.varlen import block_of
 
     @triton.jit
@@ -435,7 +437,7 @@ if triton is not None:
         slot_ptr, snap_ptr, ticket_ptr, stride_x, stride_a, stride_b, stride_w, stride_cs,
         stride_cc, stride_ck, stride_ss, stride_sh, stride_ot, stride_oh, key_dim, scale,
         GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-        K: tl.constexpr, KP: tl.constexpr, HAS_SNAPSHOTS: tl.constexpr,
+        K: tl.constexpr, KP: tl.constexpr, HAS_SNAPSHOTS: tl.constexpr, GDC: tl.constexpr
     ):
         """Program (value head h, column tile, sequence): the [DK, BV] state columns of h.
 
@@ -443,6 +445,7 @@ if triton is not None:
         the segment's tokens and is stored once (or once per token to its snapshot slot).
         Each program recomputes its k-head's q and k (conv + l2norm, a few KiB from L2).
         """
+        wait_for_inputs(GDC)
         NVB: tl.constexpr = DV // BV
         tl.static_assert(DV % BV == 0, "the state tiles are unmasked: BV must divide DV")
         pid, seq = tl.program_id(0), tl.program_id(1)

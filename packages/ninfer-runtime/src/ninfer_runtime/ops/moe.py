@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from ninfer_runtime.ops import quant_linear
 from ninfer_runtime.ops.dispatch import use_triton
+from ninfer_runtime.ops.launch import options
 from ninfer_runtime.quant import PackedWeight
 
 try:
@@ -250,7 +251,7 @@ def _launch_route(logits: torch.Tensor, top_k: int, shared: bool
     block_e = triton.next_power_of_2(e)
     _route_kernel[(t,)](logits, logits.stride(0), weights, ids, e, TOP_K=top_k,
                         TOP_K_P2=triton.next_power_of_2(top_k), BLOCK_E=block_e, SHARED=shared,
-                        num_warps=max(1, min(8, block_e // 128)))
+                        num_warps=max(1, min(8, block_e // 128)), **options(logits.device))
     return weights, ids
 
 
@@ -429,7 +430,7 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
         w.aux.stride(0), split_len, SCHEME=scheme, WPS=2 if w.scheme == NVFP4 else 16,
         BM=16, ASM=quant_linear.DECODE_ASM and not quant_linear.INTERPRET,
         EVEN_K=k % c.bk == 0, BN=c.bn, BK=c.bk, DOTS=c.dots, SWIGLU=swiglu,
-        num_warps=c.warps, num_stages=c.stages)
+        num_warps=c.warps, num_stages=c.stages, **options(a.device))
 
 
 def _gemm_configs() -> list[triton.Config]:
@@ -450,6 +451,7 @@ def _gemm_configs() -> list[triton.Config]:
 # ---- kernels ----
 
 if triton is not None:
+    from ninfer_runtime.ops.launch import wait_for_inputs
     from ninfer_runtime.ops.quant_linear import (
         _NV_FMA_SCALE,
         _NV_FMA_X,
@@ -465,10 +467,11 @@ if triton is not None:
     @triton.jit
     def _route_kernel(logits, stride_t, weights_out, ids_out, num_experts,
                       TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr, BLOCK_E: tl.constexpr,
-                      SHARED: tl.constexpr):
+                      SHARED: tl.constexpr, GDC: tl.constexpr):
         """Token program_id(0): softmax over its experts, top-k by repeated argmax (lowest
         expert id on ties), the k probabilities renormalised; with SHARED, slot k is expert
         num_experts weighted by the sigmoid of the logit after the experts'."""
+        wait_for_inputs(GDC)
         t = tl.program_id(0).to(tl.int64)
         e = tl.arange(0, BLOCK_E)
         mask = e < num_experts
@@ -835,12 +838,13 @@ if triton is not None:
         route_weights, M, N, K, top_k, stride_we, stride_wn, stride_se, stride_sn, stride_ae,
         split_len, SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
         ASM: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-        DOTS: tl.constexpr, SWIGLU: tl.constexpr,
+        DOTS: tl.constexpr, SWIGLU: tl.constexpr, GDC: tl.constexpr
     ):
         """Program (pair, column tile, K split) of `_tensor_core_stage`: the pair's activation
         row (gate|up: its token's x, down: its hidden row) times BN output columns of its
         expert (gate|up: the BN gate rows and the BN up rows N later), as a K part of the
         pair's output (gate|up) or of its token's (down, routing weight applied)."""
+        wait_for_inputs(GDC)
         pair = tl.program_id(0)
         tile = tl.program_id(1)
         expert = tl.load(ids + pair).to(tl.int64)

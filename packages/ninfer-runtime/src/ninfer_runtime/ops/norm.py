@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer_runtime.ops.dispatch import use_triton
+from ninfer_runtime.ops.launch import options
 
 try:
     import triton
@@ -126,6 +127,7 @@ def check_rows(name: str, t: torch.Tensor) -> None:
 
 
 if triton is not None:
+    from ninfer_runtime.ops.launch import wait_for_inputs
 
     @triton.jit
     def row_offsets(rows, heads, stride_t, stride_h):
@@ -142,7 +144,8 @@ if triton is not None:
     def _rms_norm_kernel(x_ptr, h_ptr, res_ptr, w_ptr, out_ptr, n_rows, heads,
                          x_st, x_sh, h_st, h_sh, eps, D: tl.constexpr,
                          HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
-                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, GDC: tl.constexpr):
+        wait_for_inputs(GDC)
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_D)
         mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
@@ -165,7 +168,8 @@ if triton is not None:
     def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, n_rows, heads,
                                x_st, x_sh, z_st, z_sh, eps, D: tl.constexpr,
                                ROUND_PRODUCT: tl.constexpr, BLOCK_R: tl.constexpr,
-                               BLOCK_D: tl.constexpr):
+                               BLOCK_D: tl.constexpr, GDC: tl.constexpr):
+        wait_for_inputs(GDC)
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_D)
         mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
@@ -205,7 +209,7 @@ def _launch_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tens
         x, h if h is not None else x, residual if residual is not None else out, weight, out,
         n_rows, heads, x.stride(0), x.stride(1), *h_strides, eps, D=d,
         HAS_RESIDUAL=h is not None, UNIT_OFFSET=unit_offset, BLOCK_R=block_r, BLOCK_D=block_d,
-        num_warps=num_warps)
+        num_warps=num_warps, **options(x.device))
     return residual, out
 
 
@@ -227,5 +231,5 @@ def _launch_gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tenso
     _gated_rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
         x, z, weight, out, n_rows, heads, x.stride(0), x.stride(1), z.stride(0), z.stride(1),
         eps, D=d, ROUND_PRODUCT=product == x.dtype, BLOCK_R=block_r, BLOCK_D=block_d,
-        num_warps=num_warps)
+        num_warps=num_warps, **options(x.device))
     return out

@@ -97,6 +97,7 @@ INT_PAIR_PTX = _int_pair_ptx()
 
 
 if triton is not None:
+    from ninfer_runtime.ops.launch import wait_for_inputs
     _NV_PTX = tl.constexpr(NV_PAIR_PTX)
     _INT_PTX = tl.constexpr(INT_PAIR_PTX)
     _OUTS = tl.constexpr("=r,=r,=r,=r,=r,=r,=r,=r")
@@ -140,7 +141,8 @@ if triton is not None:
 
     @triton.jit
     def activation_kernel(x_ptr, xo_ptr, inv_ptr, xsum_ptr, M, K, stride_x,
-                          GROUP: tl.constexpr, HAS_SUM: tl.constexpr, BLOCK: tl.constexpr):
+                          GROUP: tl.constexpr, HAS_SUM: tl.constexpr, BLOCK: tl.constexpr,
+                          GDC: tl.constexpr):
         """Row r = program 0 of x [M, K] (bf16 or fp16) as the decode kernels' fp16 operand,
         laid out by code position: xo [8, M, K/8] with xo[j, r, w] = x[r, 8w + j] * m, where
         the power of two m puts the row's largest |x| in [2^14, 2^15) (all-zero rows, or
@@ -149,6 +151,7 @@ if triton is not None:
 
         Done once per call, so that the decode K loop only streams it (no reduction, scaling
         or reshuffle per tile)."""
+        wait_for_inputs(GDC)
         row = tl.program_id(0)
         x_row = x_ptr + row.to(tl.int64) * stride_x
         amax = tl.zeros((BLOCK,), tl.float32)

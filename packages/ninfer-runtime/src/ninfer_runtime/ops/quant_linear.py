@@ -62,6 +62,7 @@ from functools import cache
 
 import torch
 
+from ninfer_runtime.ops.launch import options
 from ninfer_runtime.ops.quant_decode import INT_F16_BIAS, NV_F16_EXP
 from ninfer_runtime.quant import PackedWeight
 
@@ -308,7 +309,7 @@ def activation_operands(x: torch.Tensor, group_sums: bool
     xsum = torch.empty((k // _GROUP_BK, m), dtype=torch.float32, device=x.device) \
         if group_sums else inv
     activation_kernel[(m,)](x, xo, inv, xsum, m, k, x.stride(0), GROUP=_GROUP_BK,
-                            HAS_SUM=group_sums, BLOCK=1024)
+                            HAS_SUM=group_sums, BLOCK=1024, **options(x.device))
     return xo, inv, xsum
 
 
@@ -319,7 +320,7 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
     c = plan.config
     common = dict(SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale, BM=_DECODE_BM,
                   ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % c.bk == 0, BN=c.bn, BK=c.bk,
-                  DOTS=c.dots, num_warps=c.warps, num_stages=c.stages)
+                  DOTS=c.dots, num_warps=c.warps, num_stages=c.stages, **options(x.device))
     tiles = triton.cdiv(n, c.bn)
     counters = tile_counters(x.device, tiles)
     if plan.programs:  # stream-K
@@ -383,6 +384,7 @@ def _configs(space: list[tuple[dict, int, int]], interpret: tuple[dict, int, int
 
 
 if triton is not None:
+    from ninfer_runtime.ops.launch import wait_for_inputs
     from ninfer_runtime.ops.quant_decode import activation_kernel, int_operands, nv_operands
 
     _NVFP4 = tl.constexpr(_NVFP4_ID)
@@ -618,9 +620,10 @@ if triton is not None:
                        counter_ptr, out_ptr, M, N, K, stride_w, stride_s, split_len,
                        SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
                        ASM: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, DOTS: tl.constexpr):
+                       BK: tl.constexpr, DOTS: tl.constexpr, GDC: tl.constexpr):
         """out[:, rows of tile pid 0] from the activation operands of `activation_kernel`,
         over K split pid 1 of num_programs(1) (`_finish_tile` adds the splits)."""
+        wait_for_inputs(GDC)
         tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
         tile = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -644,11 +647,12 @@ if triton is not None:
                               counter_ptr, out_ptr, M, N, K, stride_w, stride_s, per,
                               SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
                               ASM: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
-                              BK: tl.constexpr, DOTS: tl.constexpr):
+                              BK: tl.constexpr, DOTS: tl.constexpr, GDC: tl.constexpr):
         """Stream-K: program p walks iterations [p * per, (p + 1) * per) of the flattened
         (row tile, K tile) space in one loop; its sum for each row tile it touches is that
         tile's part p - first(tile) (first(tile): the program that starts the tile), of as
         many parts as programs touch the tile (`_finish_tile` adds them)."""
+        wait_for_inputs(GDC)
         tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
         pid = tl.program_id(0)
         k_tiles = tl.cdiv(K, BK)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ninfer_runtime.ops.dispatch import use_triton
+from ninfer_runtime.ops.launch import options
 from ninfer_runtime.ops.norm import check_rows, rms_norm_ref, row_tile
 
 try:
@@ -143,6 +144,7 @@ def norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: tor
 
 
 if triton is not None:
+    from ninfer_runtime.ops.launch import wait_for_inputs
 
     @triton.jit
     def _norm_rope_rows(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, block, n_rows, heads,
@@ -195,8 +197,9 @@ if triton is not None:
                              n_tokens, nq, nkv, q_st, q_sh, k_st, k_sh, q_blocks, eps,
                              HD: tl.constexpr, ROT: tl.constexpr, UNIT_OFFSET: tl.constexpr,
                              BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                             BLOCK_H: tl.constexpr):
+                             BLOCK_H: tl.constexpr, GDC: tl.constexpr):
         """The first q_blocks programs take q's rows, the rest k's."""
+        wait_for_inputs(GDC)
         pid = tl.program_id(0)
         if pid < q_blocks:
             _norm_rope_rows(q_ptr, qw_ptr, cos_ptr, sin_ptr, q_out, pid, n_tokens * nq, nq,
@@ -240,5 +243,5 @@ def _launch_qk_norm_rope(q: torch.Tensor | None, k: torch.Tensor, q_weight: torc
         q_args[0], k, q_args[1], k_weight, cos, sin, q_args[2], k_out, t, nq, nkv,
         q_args[3], q_args[4], k.stride(0), k.stride(1), q_blocks, eps,
         HD=hd, ROT=rot, UNIT_OFFSET=unit_offset, BLOCK_R=block_r, BLOCK_D=block_d,
-        BLOCK_H=triton.next_power_of_2(rot // 2), num_warps=num_warps)
+        BLOCK_H=triton.next_power_of_2(rot // 2), num_warps=num_warps, **options(k.device))
     return q_out, k_out
