@@ -418,7 +418,7 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
     split_len = triton.cdiv(triton.cdiv(k, plan.splits), c.bk) * c.bk
     splits = triton.cdiv(k, split_len)
     outputs = pairs if swiglu else pairs // top_k
-    parts = plan.splits * (1 if swiglu else top_k)
+    parts = splits * (1 if swiglu else top_k)
     part_buf = torch.empty((parts, outputs, rows), dtype=torch.float32, device=a.device) \
         if parts > 1 else out
     words = w.weight.view(torch.int32)
