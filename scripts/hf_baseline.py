@@ -5,6 +5,8 @@ The comparison point for `ninfer-bench engine` in docs/perf.md: prefill tok/s (t
 token) and decode tok/s (the rest), one request. Usage on the GPU machine:
 
     python3 scripts/hf_baseline.py qwen3_6_27b --context 8192 --tokens 64
+
+(`--device cpu` with a tiny profile checks the script itself without a GPU.)
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ def main() -> None:
     p.add_argument("profile")
     p.add_argument("--context", type=int, default=8192)
     p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--device", default="cuda")
     args = p.parse_args()
+    device = torch.device(args.device)
 
     import transformers
 
@@ -33,15 +37,19 @@ def main() -> None:
     prefix = "Qwen3_5Moe" if moe else "Qwen3_5"
     config = getattr(transformers, f"{prefix}TextConfig")(**text)
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with device:
         model = getattr(transformers, f"{prefix}ForCausalLM")(config).to(torch.bfloat16).eval()
-    prompt = torch.randint(0, 100_000, (1, args.context), device="cuda")
+    prompt = torch.randint(0, min(100_000, config.vocab_size), (1, args.context), device=device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     def generate(n: int) -> float:
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-        torch.cuda.synchronize()
+        sync()
         return time.perf_counter() - start
 
     generate(2)  # warm-up
@@ -52,7 +60,7 @@ def main() -> None:
         "context": args.context, "tokens": args.tokens,
         "prefill_tok_s": args.context / first,
         "decode_tok_s": (args.tokens - 1) / (total - first),
-        "gpu": torch.cuda.get_device_name()}))
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}))
 
 
 if __name__ == "__main__":
