@@ -90,6 +90,7 @@ DECODE_TUNING = True  # False: the first config and split target, untimed (tests
 _MAX_SPLITS = 16
 _SPLIT_GRANULE = 256  # K chunks are whole multiples of every decode config's BK
 _GROUP_BK = 128  # groupwise-int: the decode kernel's K tile is one quantization group
+_ACTIVATION_BLOCK = 32768  # inputs activation_kernel takes per pass (64 per thread at 16 warps)
 # decode rows padded to 16 for every M <= 16: wgmma (N = 16) with the x tile converted once
 # per program beats mma.sync (N = 8), which converts it in every warp (scripts/sass_report.py)
 _DECODE_BM = 16
@@ -308,8 +309,12 @@ def activation_operands(x: torch.Tensor, group_sums: bool
     inv = torch.empty(m, dtype=torch.float32, device=x.device)
     xsum = torch.empty((k // _GROUP_BK, m), dtype=torch.float32, device=x.device) \
         if group_sums else inv
+    # a row in one block (up to 32K inputs): a program's passes over it are one wide load
+    # each, not a chain of dependent 1K loads (a decode row is one program's work)
+    block = max(_GROUP_BK, min(triton.next_power_of_2(k), _ACTIVATION_BLOCK))
     activation_kernel[(m,)](x, xo, inv, xsum, m, k, x.stride(0), GROUP=_GROUP_BK,
-                            HAS_SUM=group_sums, BLOCK=1024, **options(x.device))
+                            HAS_SUM=group_sums, BLOCK=block,
+                            num_warps=max(4, min(16, block // 2048)), **options(x.device))
     return xo, inv, xsum
 
 
