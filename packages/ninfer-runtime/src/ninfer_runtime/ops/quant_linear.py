@@ -596,9 +596,11 @@ if triton is not None:
             last = tl.atomic_add(counter_ptr, 1, sem="acq_rel") == parts - 1
             if last:
                 total = tl.zeros(acc.shape, tl.float32)
-                for j in range(parts):
-                    total += tl.load(part_ptr + j * part_stride + offs, mask=mask, other=0.0,
-                                     cache_modifier=".cg")
+                for j0 in range(0, parts, 4):  # four loads in flight at a time
+                    for u in tl.static_range(4):
+                        live = (tl.zeros(offs.shape, tl.int32) + j0 + u) < parts
+                        total += tl.load(part_ptr + (j0 + u) * part_stride + offs,
+                                         mask=mask & live, other=0.0, cache_modifier=".cg")
                 tl.atomic_xchg(counter_ptr, 0)
         return last, total
 
