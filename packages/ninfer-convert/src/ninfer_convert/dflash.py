@@ -25,7 +25,6 @@ k and v are fused because the context path projects only them, the block path al
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from ninfer_convert.sources import (
     Shape,
     TensorStore,
     describe_origin,
+    read_json_object,
 )
 from ninfer_runtime.config import FULL_ATTENTION, ModelConfig
 from ninfer_runtime.models.dflash import (
@@ -198,14 +198,8 @@ def open_dflash(spec: str, target: ModelConfig, *, seed: int = 0,
 
 def _local(directory: Path, origin: dict[str, Any], target: ModelConfig) -> DFlashSource:
     file = directory / "config.json"
-    if not file.is_file():
-        raise DFlashError(f"{directory}: no config.json; not a DFlash draft checkpoint")
-    try:
-        hf = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DFlashError(f"{file}: not valid JSON ({e})") from None
-    if not isinstance(hf, dict):
-        raise DFlashError(f"{file}: expected a JSON object")
+    hf = read_json_object(file, required=True, error=DFlashError,
+                          kind="a DFlash draft checkpoint")
     config = _parse(hf, str(file), target)
     return DFlashSource(config, hf, Checkpoint(directory), origin)
 

@@ -130,13 +130,13 @@ def hub_source(repo_id: str, revision: str | None, profile: str | None) -> Model
 def local_source(directory: Path, origin: dict[str, Any],
                  profile: str | None = None) -> ModelSource:
     """A checkpoint directory as save_pretrained / the hub lay it out."""
-    hf_config = _read_json(directory / "config.json", required=True)
+    hf_config = read_json_object(directory / "config.json", required=True)
     try:
         ModelConfig.from_hf(hf_config)
     except ConfigError as e:
         raise SourceError(f"{directory / 'config.json'}: {e}") from None
     quantized = _quantization(directory, hf_config)
-    generation = _read_json(directory / "generation_config.json")
+    generation = read_json_object(directory / "generation_config.json")
     if not generation and profile is not None:
         generation = PROFILES[profile].generation_config
     tokenizer = directory / "tokenizer.json"
@@ -166,17 +166,23 @@ def random_source(profile: Profile, seed: int, device: str = "cpu") -> ModelSour
     )
 
 
-def _read_json(path: Path, *, required: bool = False) -> dict[str, Any]:
+def read_json_object(path: Path, *, required: bool = False,
+                     error: type[ConvertError] | None = None,
+                     kind: str = "a Hugging Face checkpoint") -> dict[str, Any]:
+    """The JSON object in `path` ({} when it is missing and not `required`); a missing
+    required file, invalid JSON or another JSON value raise `error` (SourceError), naming the
+    file and, for a missing one, that its folder is not `kind`."""
+    error = error or SourceError
     if not path.is_file():
         if required:
-            raise SourceError(f"{path.parent}: no {path.name}; not a Hugging Face checkpoint")
+            raise error(f"{path.parent}: no {path.name}; not {kind}")
         return {}
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SourceError(f"{path}: not valid JSON ({e})") from None
+        raise error(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict):
-        raise SourceError(f"{path}: expected a JSON object")
+        raise error(f"{path}: expected a JSON object")
     return data
 
 
@@ -186,7 +192,7 @@ def _chat_template(directory: Path) -> str | None:
     jinja = directory / "chat_template.jinja"
     if jinja.is_file():
         return jinja.read_text()
-    template = _read_json(directory / "tokenizer_config.json").get("chat_template")
+    template = read_json_object(directory / "tokenizer_config.json").get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default", next(iter(named.values()), None))
@@ -197,7 +203,7 @@ def _quantization(directory: Path, hf_config: dict[str, Any]) -> str | None:
     """None for a plain checkpoint, "modelopt-nvfp4" for a ModelOpt NVFP4 export; any other
     quantized checkpoint is refused rather than converted into garbage."""
     qc = hf_config.get("quantization_config") or {}
-    hq = _read_json(directory / "hf_quant_config.json").get("quantization") or {}
+    hq = read_json_object(directory / "hf_quant_config.json").get("quantization") or {}
     method = qc.get("quant_method") or ("modelopt" if hq else None)
     algo = qc.get("quant_algo") or hq.get("quant_algo")
     if method is None and algo is None:
