@@ -50,10 +50,10 @@ run_stage() {
     build35) build 240 qwen3_6_35b_a3b nvfp4 ;;
     eng27) engine 240 qwen3_6_27b_nvfp4 --concurrency 1,8 ;;
     eng27int) engine 150 qwen3_6_27b_groupwise-int --concurrency 1 --no-breakdown ;;
-    eng27nopdl) NINFER_PDL=0 engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
-                  --output "$out/nopdl" ;;
-    eng35nopdl) NINFER_PDL=0 engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
-                  --output "$out/nopdl" ;;
+    eng27pdl) NINFER_PDL=1 engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
+                --output "$out/pdl" ;;
+    eng35pdl) NINFER_PDL=1 engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
+                --output "$out/pdl" ;;
     mtp27) engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
              --spec mtp --draft-tokens 3 --lm-head-draft ;;
     dflash27) engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \

@@ -30,12 +30,14 @@ def test_unvalidated_kernels_stay_off_in_auto_mode(monkeypatch: pytest.MonkeyPat
     assert use_triton(x) and not use_triton(x, validated=False)
 
 
-def test_dependent_launch_only_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """PDL launch arguments are off on the CPU (and under the interpreter, which cannot run
-    its wait), and NINFER_PDL=0 turns them off anywhere."""
+def test_dependent_launch_only_when_asked_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PDL launch arguments stay off unless NINFER_PDL=1, and even then on the CPU (and under
+    the interpreter, which cannot run its wait)."""
+    launch._pdl.cache_clear()
+    monkeypatch.setenv("NINFER_PDL", "1")
     assert launch.options(torch.device("cpu")) == {"GDC": False, "launch_pdl": False}
     launch._pdl.cache_clear()
-    monkeypatch.setenv("NINFER_PDL", "0")
+    monkeypatch.delenv("NINFER_PDL")
     if torch.cuda.is_available():
         assert launch.options(torch.device("cuda")) == {"GDC": False, "launch_pdl": False}
     launch._pdl.cache_clear()

@@ -9,7 +9,8 @@ waits before it ends, every earlier kernel's too), then lets this kernel's own s
 So each kernel launched with `options(...)` calls `wait_for_inputs` before its first load;
 torch and cuBLAS kernels launch as usual and wait for their predecessors in full.
 
-NINFER_PDL=0 turns it off; the interpreter never uses it.
+Off until it has run on a GPU: NINFER_PDL=1 turns it on (Hopper and later; the interpreter
+never uses it).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ except ImportError:  # CPU-only install: nothing here is used
 
 @cache
 def _pdl(device: torch.device) -> bool:
-    return (os.environ.get("NINFER_PDL", "1") != "0" and device.type == "cuda"
+    return (os.environ.get("NINFER_PDL", "0") == "1" and device.type == "cuda"
             and os.environ.get("TRITON_INTERPRET") != "1"
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
