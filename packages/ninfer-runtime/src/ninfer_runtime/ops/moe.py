@@ -393,17 +393,9 @@ def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: tor
     # tuned per power of two of the token count (the warm-up meets each, engine.warmup)
     key = (triton.next_power_of_2(ids.shape[0]), ids.shape[1], n, k, w.scheme, swiglu, a.dtype,
            a.device)
-    plan = _stage_plans.get(key)
-    if plan is None:
-        candidates = _stage_candidates(n, k, w.scheme, swiglu)
-        plan = candidates[0]
-        if quant_linear.DECODE_TUNING and len(candidates) > 1 and a.is_cuda:
-            from triton.testing import do_bench_cudagraph
-
-            plan = min(candidates, key=lambda c: do_bench_cudagraph(
-                lambda: _run_stage(a, w, out, ids, weights, swiglu, c), rep=20,
-                return_mode="median"))
-        _stage_plans[key] = plan
+    plan = quant_linear.tuned_plan(
+        _stage_plans, key, lambda: _stage_candidates(n, k, w.scheme, swiglu),
+        lambda c: _run_stage(a, w, out, ids, weights, swiglu, c), a.is_cuda)
     _run_stage(a, w, out, ids, weights, swiglu, plan)
 
 

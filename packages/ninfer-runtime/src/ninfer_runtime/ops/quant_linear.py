@@ -285,18 +285,27 @@ def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
     CUDA-graph replays on the first call (before any graph captures the step, as the engine's
     warm-up guarantees), then reused for every M."""
     n, k = out.shape[1], x.shape[1]
-    key = (n, k, ops.layout.scheme, x.dtype, x.device)
-    plan = _decode_plans.get(key)
+    plan = tuned_plan(_decode_plans, (n, k, ops.layout.scheme, x.dtype, x.device),
+                      lambda: decode_candidates(n, k, ops.layout.scheme, x.device),
+                      lambda c: _run_decode(x, ops, out, c), x.is_cuda)
+    _run_decode(x, ops, out, plan)
+
+
+def tuned_plan(plans: dict, key: tuple, candidates: Callable[[], list],
+               run: Callable[[object], None], on_gpu: bool) -> object:
+    """plans[key], chosen on the key's first call: the fastest candidate timed as CUDA-graph
+    replays of `run(candidate)` (on the GPU with DECODE_TUNING), else the first."""
+    plan = plans.get(key)
     if plan is None:
-        candidates = decode_candidates(n, k, ops.layout.scheme, x.device)
-        plan = candidates[0]
-        if DECODE_TUNING and len(candidates) > 1 and x.is_cuda:
+        options = candidates()
+        plan = options[0]
+        if DECODE_TUNING and len(options) > 1 and on_gpu:
             from triton.testing import do_bench_cudagraph
 
-            plan = min(candidates, key=lambda c: do_bench_cudagraph(
-                lambda: _run_decode(x, ops, out, c), rep=20, return_mode="median"))
-        _decode_plans[key] = plan
-    _run_decode(x, ops, out, plan)
+            plan = min(options, key=lambda c: do_bench_cudagraph(
+                lambda: run(c), rep=20, return_mode="median"))
+        plans[key] = plan
+    return plan
 
 
 def activation_operands(x: torch.Tensor, group_sums: bool
