@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end measurements on the GPU machine (device tool, carry [".whl"]), one call:
-#   bash scripts/gpu_measure.sh STAGE...
+#   bash scripts/gpu_measure.sh STAGE...   (STAGE+STAGE+...: run side by side)
 # Each stage runs under its own time limit and logs to $OUT/<stage>.log; $OUT/stages.txt lists
 # every stage with its exit status and seconds, so a cut-off run still returns what finished.
 # Random-init artifacts of the real profiles are built on the machine (into $ART), never carried.
@@ -45,9 +45,9 @@ run_stage() {
              --tb=short -k "${TEST_K:-}" ${TESTS:-tests/kernels/test_linear.py tests/kernels/test_moe.py \
              tests/kernels/test_quant_decode.py tests/engine/test_engine_graphs.py \
              tests/engine/test_engine_kernels.py} ;;
-    build27) build 300 qwen3_6_27b nvfp4 ;;
-    build27int) build 300 qwen3_6_27b groupwise-int ;;
-    build35) build 240 qwen3_6_35b_a3b nvfp4 ;;
+    build27) build 420 qwen3_6_27b nvfp4 ;;
+    build27int) build 420 qwen3_6_27b groupwise-int ;;
+    build35) build 420 qwen3_6_35b_a3b nvfp4 ;;
     eng27) engine 240 qwen3_6_27b_nvfp4 --concurrency 1,8 ;;
     eng27int) engine 150 qwen3_6_27b_groupwise-int --concurrency 1 --no-breakdown ;;
     eng27pdl) NINFER_PDL=1 engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
@@ -74,10 +74,17 @@ run_stage() {
   esac
 }
 
-for stage in "$@"; do
-  start=$SECONDS
-  run_stage "$stage" > "$out/$stage.log" 2>&1
-  rc=$?
-  echo "$stage rc=$rc ${SECONDS}s-total $((SECONDS - start))s" | tee -a "$out/stages.txt"
-  tail -25 "$out/$stage.log"
+run_group() {  # run_group a+b+...: the stages run side by side (builds and tests share the wait)
+  local stage pids=()
+  for stage in ${1//+/ }; do
+    ( start=$SECONDS; run_stage "$stage" > "$out/$stage.log" 2>&1; rc=$?
+      echo "$stage rc=$rc ${SECONDS}s-total $((SECONDS - start))s" | tee -a "$out/stages.txt"
+      tail -25 "$out/$stage.log" ) &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+}
+
+for group in "$@"; do
+  run_group "$group"
 done
