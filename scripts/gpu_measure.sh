@@ -49,6 +49,7 @@ run_stage() {
     build27int) build 420 qwen3_6_27b groupwise-int ;;
     build35) build 420 qwen3_6_35b_a3b nvfp4 ;;
     eng27) engine 240 qwen3_6_27b_nvfp4 --concurrency 1,8 ;;
+    eng27c1) engine 240 qwen3_6_27b_nvfp4 --concurrency 1 ;;
     eng27int) engine 150 qwen3_6_27b_groupwise-int --concurrency 1 --no-breakdown ;;
     eng27pdl) NINFER_PDL=1 engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
                 --output "$out/pdl" ;;
@@ -69,7 +70,7 @@ run_stage() {
     sat35) saturation 35b qwen3_6_35b_a3b_nvfp4 ;;
     hf27) timeout 200 python3 scripts/hf_baseline.py qwen3_6_27b --context "$CTX" --tokens 32 ;;
     hf35) timeout 200 python3 scripts/hf_baseline.py qwen3_6_35b_a3b --context "$CTX" --tokens 32 ;;
-    splits) timeout 200 python3 scripts/split_sweep.py ;;
+    splits) timeout 200 python3 scripts/split_sweep.py ${SPLIT_ARGS:-} ;;
     *) echo "unknown stage $name"; return 2 ;;
   esac
 }
