@@ -36,8 +36,9 @@ def test_engine_bench_reports_prefill_and_decode_rows(artifact: Path, tmp_path: 
     report = json.loads(report_file.read_text())
     assert report["spec"] == ("mtp2" if spec else "none")
     rows = [(r["what"], r["context"], r["concurrency"]) for r in report["rows"]]
-    assert rows == [("prefill", 40, 1), ("decode", 40, 1), ("decode", 40, 3),
-                    ("prefill", 70, 1), ("decode", 70, 1), ("decode", 70, 3)]
+    assert rows == [("prefill-first", 40, 1), ("prefill", 40, 1), ("decode", 40, 1),
+                    ("decode", 40, 3), ("prefill-first", 70, 1), ("prefill", 70, 1),
+                    ("decode", 70, 1), ("decode", 70, 3)]
     for r in report["rows"]:
         assert r["tok_s"] > 0 and r["ratio"] == pytest.approx(r["tok_s"] / r["ceiling_tok_s"])
         if r["what"] == "decode":  # every timed step advances all C requests

@@ -395,7 +395,7 @@ def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: tor
            a.device)
     plan = quant_linear.tuned_plan(
         _stage_plans, key, lambda: _stage_candidates(n, k, w.scheme, swiglu),
-        lambda c: _run_stage(a, w, out, ids, weights, swiglu, c), a.is_cuda)
+        lambda c: _run_stage(a, w, out, ids, weights, swiglu, c), a.device)
     _run_stage(a, w, out, ids, weights, swiglu, plan)
 
 

@@ -62,6 +62,7 @@ from functools import cache
 
 import torch
 
+from ninfer_runtime.ops import tuning_cache
 from ninfer_runtime.ops.launch import options
 from ninfer_runtime.ops.quant_decode import INT_F16_BIAS, NV_F16_EXP
 from ninfer_runtime.quant import PackedWeight
@@ -287,25 +288,38 @@ def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
     n, k = out.shape[1], x.shape[1]
     plan = tuned_plan(_decode_plans, (n, k, ops.layout.scheme, x.dtype, x.device),
                       lambda: decode_candidates(n, k, ops.layout.scheme, x.device),
-                      lambda c: _run_decode(x, ops, out, c), x.is_cuda)
+                      lambda c: _run_decode(x, ops, out, c), x.device)
     _run_decode(x, ops, out, plan)
 
 
 def tuned_plan(plans: dict, key: tuple, candidates: Callable[[], list],
-               run: Callable[[object], None], on_gpu: bool) -> object:
-    """plans[key], chosen on the key's first call: the fastest candidate timed as CUDA-graph
-    replays of `run(candidate)` (on the GPU with DECODE_TUNING), else the first."""
+               run: Callable[[object], None], device: torch.device) -> object:
+    """plans[key], chosen on the key's first call: on the GPU with DECODE_TUNING, the
+    candidate a previous process chose (`tuning_cache`) or else the fastest, timed as
+    CUDA-graph replays of `run(candidate)`; otherwise the first."""
     plan = plans.get(key)
     if plan is None:
         options = candidates()
         plan = options[0]
-        if DECODE_TUNING and len(options) > 1 and on_gpu:
-            from triton.testing import do_bench_cudagraph
-
-            plan = min(options, key=lambda c: do_bench_cudagraph(
-                lambda: run(c), rep=20, return_mode="median"))
+        if DECODE_TUNING and len(options) > 1 and device.type == "cuda":
+            plan = options[_chosen_index(key, options, run, device)]
         plans[key] = plan
     return plan
+
+
+def _chosen_index(key: tuple, options: list, run: Callable[[object], None],
+                  device: torch.device) -> int:
+    path = tuning_cache.cache_file(device)
+    entry = tuning_cache.entry_key(key, options)
+    index = tuning_cache.lookup(path, entry, len(options))
+    if index is None:
+        from triton.testing import do_bench_cudagraph
+
+        times = [do_bench_cudagraph(lambda c=c: run(c), rep=20, return_mode="median")
+                 for c in options]
+        index = times.index(min(times))
+        tuning_cache.store(path, entry, index)
+    return index
 
 
 def activation_operands(x: torch.Tensor, group_sums: bool
