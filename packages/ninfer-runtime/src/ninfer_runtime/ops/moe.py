@@ -401,11 +401,11 @@ def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: tor
 
 def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tensor,
                weights: torch.Tensor, swiglu: bool, plan: _StagePlan) -> None:
-    xo, inv, xsum = quant_linear.activation_operands(a, w.scheme == INT4)
+    c = plan.config
+    xo, inv, xsum = quant_linear.activation_operands(a, c.bk, w.scheme == INT4)
     e, rows, k = w.shape
     n = rows // 2 if swiglu else rows
     pairs, top_k = ids.numel(), ids.shape[-1]
-    c = plan.config
     tiles = triton.cdiv(n, c.bn)
     split_len = triton.cdiv(triton.cdiv(k, plan.splits), c.bk) * c.bk
     splits = triton.cdiv(k, split_len)
@@ -852,12 +852,12 @@ if triton is not None:
         k_hi = tl.minimum(K, k_lo + split_len)
         acc = tl.zeros((R, BM), tl.float32)
         for k0 in range(k_lo, k_hi, BK):
-            acc = decode_tile(acc, xo_ptr + x_row * (K // 8), xsum_ptr + x_row,
-                              w_ptr + expert * stride_we, s_ptr + expert * stride_se,
-                              aux_ptr + expert * stride_ae, rows.to(tl.int64), row_ok, ms, m_ok,
-                              M, K, k0, k_hi, stride_wn, stride_sn, SCHEME, WPS, ASM, EVEN_K,
-                              BK, DOTS)
-        res = decode_result(acc, inv_ptr + x_row, ms, m_ok, SCHEME)  # [BM, R]
+            acc = decode_tile(acc, xo_ptr + x_row * (K // 8), inv_ptr + x_row,
+                              xsum_ptr + x_row, w_ptr + expert * stride_we,
+                              s_ptr + expert * stride_se, aux_ptr + expert * stride_ae,
+                              rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_wn,
+                              stride_sn, SCHEME, WPS, ASM, EVEN_K, BK, DOTS)
+        res = decode_result(acc, SCHEME)  # [BM, R]
         if SCHEME == 0:  # nvfp4: the expert's per-row global scale (aux)
             res = res * tl.load(aux_ptr + expert * stride_ae + rows, mask=row_ok,
                                 other=0.0)[None, :]

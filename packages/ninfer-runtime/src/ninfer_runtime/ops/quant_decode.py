@@ -31,11 +31,13 @@ Byte tricks (PTX `prmt.b32 d, a, b, sel`: output byte i is byte sel[4i+2:4i] of 
 - groupwise-int: code q OR-ed into the mantissa of 1024.0 (0x6400) is exactly 1024 + q. The
   zero point and scale are applied after the dot, once per 128-code group and output:
   sum((q - z) * s * x) = s * (sum((1024 + q) * x) - (1024 + z) * sum(x)).
-- activations (`activation_kernel`, once per call): each row is scaled by a power of two that
-  puts its largest |x| in [2^14, 2^15) and rounded once to fp16, whatever the row's magnitude
-  (bf16 spans far more binades than fp16): exact for every bf16 value within 2^-28 of the
-  row's largest, which is normal in fp16 then; smaller ones lose bits as fp16 subnormals, far
-  below what the fp32 sum of the row can resolve. The dot's result is scaled back per row.
+- activations (`activation_kernel`, once per call): each group of a row (one decode K tile:
+  256 inputs for nvfp4, 128 for groupwise-int) is scaled by a power of two that puts its
+  largest |x| in [2^14, 2^15) and rounded once to fp16, whatever the magnitude (bf16 spans
+  far more binades than fp16): exact for every bf16 value within 2^-28 of the group's
+  largest, which is normal in fp16 then; smaller ones lose bits as fp16 subnormals, far below
+  what the fp32 sum of the row can resolve. Each tile's dot result is scaled back by its
+  group's factor.
 """
 
 from __future__ import annotations
@@ -141,34 +143,28 @@ if triton is not None:
 
     @triton.jit
     def activation_kernel(x_ptr, xo_ptr, inv_ptr, xsum_ptr, M, K, stride_x,
-                          GROUP: tl.constexpr, HAS_SUM: tl.constexpr, BLOCK: tl.constexpr,
-                          GDC: tl.constexpr):
-        """Row r = program 0 of x [M, K] (bf16 or fp16) as the decode kernels' fp16 operand,
-        laid out by code position: xo [8, M, K/8] with xo[j, r, w] = x[r, 8w + j] * m, where
-        the power of two m puts the row's largest |x| in [2^14, 2^15) (all-zero rows, or
-        below 2^-112: m = 2^126); inv[r] = 1 / m. With HAS_SUM, xsum [K / GROUP, M] holds
-        each group's sum of the operand values (groupwise-int's zero-point term).
+                          GROUP: tl.constexpr, HAS_SUM: tl.constexpr, GDC: tl.constexpr):
+        """Group g = program 1 of row r = program 0 of x [M, K] (bf16 or fp16), inputs
+        [g * GROUP, (g + 1) * GROUP), as the decode kernels' fp16 operand, laid out by code
+        position: xo [8, M, K/8] with xo[j, r, w] = x[r, 8w + j] * m, where the power of two
+        m puts the group's largest |x| in [2^14, 2^15) (an all-zero group, or one below
+        2^-112: m = 2^126); inv[g, r] = 1 / m. With HAS_SUM, xsum[g, r] is the group's sum of
+        the operand values (groupwise-int's zero-point term).
 
-        Done once per call, so that the decode K loop only streams it (no reduction, scaling
-        or reshuffle per tile)."""
+        A group is one K tile of the decode kernel, which undoes its scale per tile: no
+        row-wide reduction, so a row is prepared by K / GROUP programs side by side, and the
+        decode K loop only streams the result (no reduction, scaling or reshuffle per
+        tile)."""
         wait_for_inputs(GDC)
         row = tl.program_id(0)
-        x_row = x_ptr + row.to(tl.int64) * stride_x
-        amax = tl.zeros((BLOCK,), tl.float32)
-        for k0 in range(0, K, BLOCK):
-            ks = k0 + tl.arange(0, BLOCK)
-            x = tl.load(x_row + ks, mask=ks < K, other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.abs(x))
-        e = tl.maximum((tl.max(amax, axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF, 15)
+        group = tl.program_id(1)
+        ks = group * GROUP + tl.arange(0, GROUP)
+        x = tl.load(x_ptr + row.to(tl.int64) * stride_x + ks, mask=ks < K,
+                    other=0.0).to(tl.float32)
+        e = tl.maximum((tl.max(tl.abs(x), axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF, 15)
         m = ((268 - e) << 23).to(tl.float32, bitcast=True)  # 2^(141 - e)
-        tl.store(inv_ptr + row, ((e - 14) << 23).to(tl.float32, bitcast=True))
-        words = K // 8
-        for k0 in range(0, K, BLOCK):
-            ks = k0 + tl.arange(0, BLOCK)
-            xo = (tl.load(x_row + ks, mask=ks < K, other=0.0).to(tl.float32) * m
-                  ).to(tl.float16)
-            tl.store(xo_ptr + ((ks % 8) * M + row) * words + ks // 8, xo, mask=ks < K)
-            if HAS_SUM:
-                sums = tl.sum(tl.reshape(xo.to(tl.float32), (BLOCK // GROUP, GROUP)), axis=1)
-                groups = k0 // GROUP + tl.arange(0, BLOCK // GROUP)
-                tl.store(xsum_ptr + groups * M + row, sums, mask=groups < K // GROUP)
+        tl.store(inv_ptr + group * M + row, ((e - 14) << 23).to(tl.float32, bitcast=True))
+        xo = (x * m).to(tl.float16)
+        tl.store(xo_ptr + ((ks % 8) * M + row) * (K // 8) + ks // 8, xo, mask=ks < K)
+        if HAS_SUM:
+            tl.store(xsum_ptr + group * M + row, tl.sum(xo.to(tl.float32), axis=0))

@@ -22,7 +22,8 @@ Kernels:
 - `_decode_kernel`, decode (M <= SKINNY_MAX_M, one token included) of half activations (fp32
   ones, the CPU reference dtype, take the GEMM, exact with "ieee" dots). The activations are
   first scaled to fp16 and laid out by code position, once per call
-  (`quant_decode.activation_kernel`: xo[j, m, w] = x[m, 8w + j] times a power of two per row),
+  (`quant_decode.activation_kernel`: xo[j, m, w] = x[m, 8w + j] times a power of two per
+  K tile, undone after the tile's dot),
   so the K loop only streams weights, decodes them and multiplies. A program owns BN output
   rows and one split of K; every M runs on tensor cores, rows padded to 16 (a GEMV is bound by
   decoding, not by the MMA). Per code position j, W_j [BN, BK/8] @ xo[j]^T, the weight the
@@ -91,7 +92,6 @@ DECODE_TUNING = True  # False: the first config and split target, untimed (tests
 _MAX_SPLITS = 16
 _SPLIT_GRANULE = 256  # K chunks are whole multiples of every decode config's BK
 _GROUP_BK = 128  # groupwise-int: the decode kernel's K tile is one quantization group
-_ACTIVATION_BLOCK = 32768  # inputs activation_kernel takes per pass (64 per thread at 16 warps)
 # decode rows padded to 16 for every M <= 16: wgmma (N = 16) with the x tile converted once
 # per program beats mma.sync (N = 8), which converts it in every warp (scripts/sass_report.py)
 _DECODE_BM = 16
@@ -322,30 +322,29 @@ def _chosen_index(key: tuple, options: list, run: Callable[[object], None],
     return index
 
 
-def activation_operands(x: torch.Tensor, group_sums: bool
+def activation_operands(x: torch.Tensor, group: int, group_sums: bool
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(xo, inv, xsum) of `quant_decode.activation_kernel` for x [M, K]: the decode kernels'
-    fp16 operand by code position, 1 / its row scale and, with `group_sums` (groupwise-int
-    weights), its sums per 128-input group."""
+    """(xo, inv, xsum) of `quant_decode.activation_kernel` for x [M, K] in groups of `group`
+    inputs (the decode K tile): the decode kernels' fp16 operand by code position, 1 / each
+    group's scale [K / group, M] and, with `group_sums` (groupwise-int weights), each group's
+    operand sum [K / group, M]."""
     m, k = x.shape
+    groups = triton.cdiv(k, group)
     xo = torch.empty((8, m, k // 8), dtype=torch.float16, device=x.device)
-    inv = torch.empty(m, dtype=torch.float32, device=x.device)
-    xsum = torch.empty((k // _GROUP_BK, m), dtype=torch.float32, device=x.device) \
+    inv = torch.empty((groups, m), dtype=torch.float32, device=x.device)
+    xsum = torch.empty((groups, m), dtype=torch.float32, device=x.device) \
         if group_sums else inv
-    # a row in one block (up to 32K inputs): a program's passes over it are one wide load
-    # each, not a chain of dependent 1K loads (a decode row is one program's work)
-    block = max(_GROUP_BK, min(triton.next_power_of_2(k), _ACTIVATION_BLOCK))
-    activation_kernel[(m,)](x, xo, inv, xsum, m, k, x.stride(0), GROUP=_GROUP_BK,
-                            HAS_SUM=group_sums, BLOCK=block,
-                            num_warps=max(4, min(16, block // 2048)), **options(x.device))
+    activation_kernel[(m, groups)](x, xo, inv, xsum, m, k, x.stride(0), GROUP=group,
+                                   HAS_SUM=group_sums, num_warps=max(1, group // 128),
+                                   **options(x.device))
     return xo, inv, xsum
 
 
 def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: DecodePlan) -> None:
     m, k = x.shape
     n = out.shape[1]
-    xo, inv, xsum = activation_operands(x, ops.layout.scheme == _INT_ID)
     c = plan.config
+    xo, inv, xsum = activation_operands(x, c.bk, ops.layout.scheme == _INT_ID)
     common = dict(SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale, BM=_DECODE_BM,
                   ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % c.bk == 0, BN=c.bn, BK=c.bk,
                   DOTS=c.dots, num_warps=c.warps, num_stages=c.stages, **options(x.device))
@@ -562,12 +561,13 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms, m_ok,
-                    M, K, k0, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
+    def decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms,
+                    m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
                     WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
                     BK: tl.constexpr, DOTS: tl.constexpr):
-        """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ xo^T in operand units (the
-        activations' row scale is undone by `decode_result`, as is the weights' offset)."""
+        """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ xo^T with the tile's
+        activation scale undone (the weights' operand offset is undone by
+        `decode_result`)."""
         BKW: tl.constexpr = BK // 8
         BKS: tl.constexpr = BKW // WPS
         # k0 is a multiple of BK: tell the compiler, so that the loads are 16-byte wide
@@ -583,9 +583,11 @@ if triton is not None:
                         other=0).to(tl.uint32, bitcast=True)
         s_off = row_off[:, None] * stride_s + ks[None, :]
         scale = tl.load(s_ptr + s_off, mask=s_mask, other=0.0)
+        inv = tl.load(inv_ptr + (k0 // BK) * M + ms, mask=m_ok, other=0.0)[None, :]
         if SCHEME == _NVFP4:
             o = nv_operands(words, _per_word(scale.to(tl.uint8, bitcast=True), WPS), ASM)
-            acc = _dots(o, acc, xo_ptr, ms, m_ok, M, K, k0, k_hi, EVEN_K, BKW, DOTS)
+            d = _dots(o, tl.zeros(acc.shape, tl.float32), xo_ptr, ms, m_ok, M, K, k0, k_hi,
+                      EVEN_K, BKW, DOTS)
         else:
             # one group: d = sum(o * x) with o = q + BIAS, exact in fp16, less the zero point
             # times the group's sum of the same operand values
@@ -593,14 +595,13 @@ if triton is not None:
                       m_ok, M, K, k0, k_hi, EVEN_K, BKW, DOTS)
             xsum = tl.load(xsum_ptr + (k0 // _GROUP_BK_C) * M + ms, mask=m_ok, other=0.0)
             zero = tl.load(z_ptr + s_off, mask=s_mask, other=0).to(tl.float32)
-            acc = acc + scale.to(tl.float32) * (d - (_INT_F16_BIAS + zero) * xsum[None, :])
-        return acc
+            d = scale.to(tl.float32) * (d - (_INT_F16_BIAS + zero) * xsum[None, :])
+        return acc + d * inv
 
     @triton.jit
-    def decode_result(acc, inv_ptr, ms, m_ok, SCHEME: tl.constexpr):
-        """acc [BN, BM] -> [BM, BN] with the activations' row scale and the nvfp4 operand
-        offset (e2m1 * s * 2^-14) undone."""
-        acc = acc * tl.load(inv_ptr + ms, mask=m_ok, other=0.0)[None, :]
+    def decode_result(acc, SCHEME: tl.constexpr):
+        """acc [BN, BM] -> [BM, BN] with the nvfp4 operand offset (e2m1 * s * 2^-14)
+        undone."""
         if SCHEME == _NVFP4:
             acc = acc * _NV_F16_OUT
         return tl.trans(acc)
@@ -665,10 +666,10 @@ if triton is not None:
         k_hi = tl.minimum(K, k_lo + split_len)
         acc = tl.zeros((BN, BM), tl.float32)
         for k0 in range(k_lo, k_hi, BK):
-            acc = decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, rows.to(tl.int64),
-                              row_ok, ms, m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME,
-                              WPS, ASM, EVEN_K, BK, DOTS)
-        _finish_tile(decode_result(acc, inv_ptr, ms, m_ok, SCHEME), pid_k,
+            acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr,
+                              rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_w,
+                              stride_s, SCHEME, WPS, ASM, EVEN_K, BK, DOTS)
+        _finish_tile(decode_result(acc, SCHEME), pid_k,
                      tl.num_programs(1), part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows,
                      row_ok, ms, m_ok, M, N, SCHEME)
 
@@ -697,13 +698,13 @@ if triton is not None:
             kt = it - tile * k_tiles
             rows = tile * BN + tl.arange(0, BN)
             row_ok = rows < N
-            acc = decode_tile(acc, xo_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, rows.to(tl.int64),
-                              row_ok, ms, m_ok, M, K, kt * BK, K, stride_w, stride_s, SCHEME,
-                              WPS, ASM, EVEN_K, BK, DOTS)
+            acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr,
+                              rows.to(tl.int64), row_ok, ms, m_ok, M, K, kt * BK, K, stride_w,
+                              stride_s, SCHEME, WPS, ASM, EVEN_K, BK, DOTS)
             if (kt == k_tiles - 1) | (it == it_hi - 1):
                 first = (tile * k_tiles) // per
                 parts = ((tile + 1) * k_tiles - 1) // per - first + 1
-                _finish_tile(decode_result(acc, inv_ptr, ms, m_ok, SCHEME), pid - first,
+                _finish_tile(decode_result(acc, SCHEME), pid - first,
                              parts, part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows, row_ok,
                              ms, m_ok, M, N, SCHEME)
                 acc = tl.zeros((BN, BM), tl.float32)
