@@ -562,3 +562,22 @@ def test_mtp_draft_steps_through_graph_buffers(spec_model: Callable) -> None:
     first = {n: c for (kind, n), c in replays.items() if kind == "first"}
     assert sum(chain.values()) >= 2 * 6 and len(chain) > 1  # several batch sizes
     assert sum(first.values()) >= 3 and all(n % (k + 1) == 0 for n in first)
+
+
+def test_verify_steps_run_through_the_target_graph_buffers(spec_model: Callable) -> None:
+    """Every round of requests that all decode is a verify step of K+1 tokens per request that
+    the target's decode graphs (uncaptured on the CPU) cover, at each batch size."""
+    from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs
+    from ninfer_runtime.engine.device_setup import _forward_step, decode_batch, request_pages
+
+    loaded = spec_model("dense")
+    k, reqs = 3, mixed(4, max_tokens=6)
+    eng = make_engine(loaded, kv_dtype="bf16", spec="mtp", draft_tokens=k)
+    eng.graphs = StepGraphs(lambda b: _forward_step(loaded.model, eng.caches, b, ()),
+                            lambda n, _: decode_batch(n, eng.config, 0, loaded.model.device),
+                            max_pages=request_pages(eng.config), capture=False)
+    eng.graphs.capture_all(GraphShape(b, k + 1) for b in range(1, 5))
+    replays = count_replays(verify=eng.graphs)
+    run = drain(eng, reqs)
+    assert run.tokens == drain(make_engine(loaded, kv_dtype="bf16"), reqs).tokens
+    assert {n for _, n in replays} >= {4 * (k + 1), k + 1}  # all four, and the last alone
