@@ -50,6 +50,7 @@ run_stage() {
     build35) build 420 qwen3_6_35b_a3b nvfp4 ;;
     eng27) engine 240 qwen3_6_27b_nvfp4 --concurrency 1,8 ;;
     eng27c1) engine 240 qwen3_6_27b_nvfp4 --concurrency 1 ;;
+    eng27q) engine 180 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown ;;
     eng27int) engine 150 qwen3_6_27b_groupwise-int --concurrency 1 --no-breakdown ;;
     eng27pdl) NINFER_PDL=1 engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
                 --output "$out/pdl" ;;
