@@ -1,17 +1,15 @@
 """Decode-linear time against the K split's target grid size, on the GPU (one call, ~1 min).
 
-The hypothesis it tests (docs/perf.md, 2026-12-03): the quantized decode kernel loses half its
-bandwidth to wave quantization. `k_split` at 4 programs per SM (counted with BN = 64) puts the
-27B shapes at 1.03-1.45 waves of resident programs for every BN (e.g. gate_up, N = 34816:
-136 / 272 / 544 programs for BN 256 / 128 / 64 where 132 / 264 / 528 fit at once), so a second,
-nearly empty wave doubles the time. Larger targets give more, smaller K chunks: more waves
-(less quantization loss), shorter pipelines per program and more fp32 partials; stream-K
-grids (programs per SM sharing all K tiles evenly) remove the tail wave without shortening the
-pipelines. The decode tuner already chooses among quant_linear.SPLIT_TARGETS and
-STREAM_PROGRAMS_PER_SM; this times each grid alone, with the best config for it, on every 27B
-decode shape:
+`k_split` sizes the decode kernel's K split for a target number of programs per SM; the
+decode tuner times quant_linear.SPLIT_TARGETS with each config. This times each target alone,
+with the best config for it, on every 27B decode shape (the time includes the activation
+pre-pass the kernel needs, as every call pays it):
 
-    python3 scripts/split_sweep.py [--targets 4,8,16,32] [--streams 1,2,4,8]
+    python3 scripts/split_sweep.py [--targets 4,8,16,32]
+
+Its two H200 runs (docs/perf.md, 2026-12-03) refuted wave quantization as the decode
+kernel's loss (every grid reached the same bandwidth) and retired the stream-K grids, slower
+than a K split on every shape.
 """
 
 from __future__ import annotations
@@ -37,14 +35,12 @@ from ninfer_runtime.profiles import get_profile
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--targets", default="4,8,16,32")
-    p.add_argument("--streams", default="1,2,4,8")
     p.add_argument("--schemes", default="nvfp4,groupwise-int")
     p.add_argument("--m", default="1,4")
     args = p.parse_args()
-    grids = [("split", int(t)) for t in args.targets.split(",")] + [
-        ("stream", int(t)) for t in args.streams.split(",")]
+    targets = [int(t) for t in args.targets.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    lines = ["| shape | scheme | M | grid | splits / programs | config | us | % of BW |",
+    lines = ["| shape | scheme | M | target | splits | config | us | % of BW |",
              "|---|---|---|---|---|---|---|---|"]
     for name, (n, k) in projections(get_profile(MODELS["27B"]).config).items():
         for scheme in args.schemes.split(","):
@@ -54,9 +50,8 @@ def main() -> None:
             ws = [first] + [random_weight(scheme, n, k, "cuda", gen) for _ in range(copies - 1)]
             for m in (int(v) for v in args.m.split(",")):
                 x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-                for kind, target in grids:
-                    ql.SPLIT_TARGETS = (target,) if kind == "split" else ()
-                    ql.STREAM_PROGRAMS_PER_SM = (target,) if kind == "stream" else ()
+                for target in targets:
+                    ql.SPLIT_TARGETS = (target,)
                     ql._decode_plans.clear()
                     call = _rotating(ws, x)
                     call()  # tune the config for this split
@@ -65,8 +60,8 @@ def main() -> None:
                     moved = size + 2 * m * (k + n)
                     [plan] = ql._decode_plans.values()
                     cfg = plan.config
-                    lines.append(f"| {name} {n}x{k} | {scheme} | {m} | {kind} {target} "
-                                 f"| {plan.programs or plan.splits} "
+                    lines.append(f"| {name} {n}x{k} | {scheme} | {m} | {target} "
+                                 f"| {plan.splits} "
                                  f"| BN={cfg.bn} w={cfg.warps} s={cfg.stages} d={cfg.dots} "
                                  f"| {us:.1f} "
                                  f"| {100 * moved / BANDWIDTH / (us * 1e-6):.1f}% |")

@@ -243,39 +243,16 @@ def test_long_prefill_takes_dequantize_then_matmul(scheme: str, dtype: torch.dty
 
 def test_decode_candidates_cover_every_config_and_split_target() -> None:
     """The decode tuner's choices: each config with the K split of each target (distinct
-    splits only), the default first, then the stream-K grids."""
+    splits only), the default first."""
     device = torch.device(DEVICE)
     n, k = (256, 8192) if DEVICE == "cpu" else (5120, 17408)  # the interpreter has 4 "SMs"
     plans = quant_linear.decode_candidates(n, k, 0, device)
     splits = list(dict.fromkeys(quant_linear.k_split(n, k, device, t)
                                 for t in quant_linear.SPLIT_TARGETS))
     configs = list(dict.fromkeys(p.config for p in plans))
-    split_plans = [p for p in plans if not p.programs]
-    assert [(p.split_len, p.splits) for p in split_plans] == splits * len(configs)
+    assert [(p.split_len, p.splits) for p in plans] == splits * len(configs)
     assert (plans[0].split_len, plans[0].splits) == quant_linear.k_split(n, k, device)
     assert len(splits) == 2 and splits[1][1] > splits[0][1]  # more programs at 16 per SM
-    sms = quant_linear._sm_count(device)
-    assert {p.programs for p in plans[len(split_plans):]} == {
-        s * sms for s in quant_linear.STREAM_PROGRAMS_PER_SM}
-
-
-@pytest.mark.parametrize("programs", [1, 3, 7, 40])
-@pytest.mark.parametrize(("n", "k"), [(80, 384), (48, 1024)])
-@pytest.mark.parametrize("scheme", SCHEMES)
-def test_stream_k_decode(scheme: str, n: int, k: int, programs: int) -> None:
-    """Stream-K plans (programs sharing the (row tile, K tile) iterations; row tiles split
-    across programs anywhere, K off the tile) give the reference result."""
-    w = packed(scheme, n, k, seed=programs)
-    ops = quant_linear._operands(w)
-    config = quant_linear.decode_candidates(n, k, 0 if scheme == "nvfp4" else 1,
-                                            torch.device(DEVICE))[0].config
-    for m in (1, 5):
-        x = rand(m, k, dtype=HALF, seed=m)
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        quant_linear._run_decode(x, ops, out, quant_linear.DecodePlan(config,
-                                                                      programs=programs))
-        check(out, x, w)
-        assert not quant_linear.tile_counters(x.device, 1).any()
 
 
 @pytest.mark.parametrize("dots", [1, 2, 4, 8])

@@ -94,8 +94,7 @@ def _plan(w: Weight, x: torch.Tensor) -> str:
     if plan is None:
         return ""
     c = plan.config
-    grid = f"stream {plan.programs}" if plan.programs else f"split {plan.splits}"
-    return f" [BN={c.bn} w={c.warps} dots={c.dots} {grid}]"
+    return f" [BN={c.bn} w={c.warps} dots={c.dots} split {plan.splits}]"
 
 
 def bench(device: str = "cuda") -> list[dict]:

@@ -33,10 +33,10 @@ Kernels:
   into the fp16 operand (exact); groupwise-int iterates one 128-code group at a time and
   applies scale and zero point to the group's dot result: s * (sum((1024 + q) x) - (1024 +
   z) * sum(x)). K is split over a second grid axis when row tiles alone would leave SMs idle
-  (or stream-K spreads the (row tile, K tile) space evenly over the programs): each part goes
-  to a fp32 buffer, and the last part of a row tile to arrive (an atomic counter per tile)
-  adds them all in a fixed order and writes the output: deterministic, no second kernel,
-  counters left at zero for graph replays.
+  (stream-K grids, timed on the H200, lost to K splits on every 27B shape by 25-100%,
+  docs/perf.md): each part goes to a fp32 buffer, and the last part of a row tile to arrive
+  (an atomic counter per tile) adds them all in a fixed order and writes the output:
+  deterministic, no second kernel, counters left at zero for graph replays.
 - `_gemm_kernel`, prefill (M > SKINNY_MAX_M; fp32 activations at every M): tiled tensor-core
   GEMM; the [BN, BK] weight tile
   is dequantized in registers to x.dtype (exact for nvfp4 in bf16 and fp16), interleaved back
@@ -82,12 +82,9 @@ DECODE_ASM = True
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 # programs per SM the K split may aim at (counted with BN = 64); the decode tuner times each
-# with each config: the first is the default, the larger ones trade pipeline length for more
-# waves (a grid just past one wave of resident programs loses half its time to the tail)
+# with each config, the first being the default (the H200 sweep, scripts/split_sweep.py,
+# found the grid matters little: a shape's best target is within ~10% of the other)
 SPLIT_TARGETS = (4, 16)
-# stream-K grids the tuner also times, in programs per SM: no tail wave, one long pipeline
-# per program, parts of a row tile summed by a second pass
-STREAM_PROGRAMS_PER_SM = (1, 2)
 DECODE_TUNING = True  # False: the first config and split target, untimed (tests)
 _MAX_SPLITS = 16
 _SPLIT_GRANULE = 256  # K chunks are whole multiples of every decode config's BK
@@ -242,13 +239,11 @@ class DecodeConfig:
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """A K split (programs on a (row tile, split) grid), or with `programs` > 0 stream-K:
-    that many programs sharing the (row tile, K tile) iterations evenly."""
+    """A config and a K split: programs on a (row tile, split) grid."""
 
     config: DecodeConfig
-    split_len: int = 0
-    splits: int = 0
-    programs: int = 0
+    split_len: int
+    splits: int
 
 
 # The weight tile is the wgmma A operand in registers (64 rows per warp group), the activation
@@ -276,9 +271,7 @@ def decode_candidates(n: int, k: int, scheme: int, device: torch.device) -> list
     the default."""
     configs = [_INTERPRETER_CONFIGS[scheme]] if INTERPRET else DECODE_CONFIGS[scheme]
     splits = dict.fromkeys(k_split(n, k, device, t) for t in SPLIT_TARGETS)
-    streams = [p * _sm_count(device) for p in STREAM_PROGRAMS_PER_SM]
-    return [DecodePlan(c, *split) for c in configs for split in splits] + [
-        DecodePlan(c, programs=p) for c in configs for p in streams]
+    return [DecodePlan(c, *split) for c in configs for split in splits]
 
 
 def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
@@ -350,15 +343,6 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
                   DOTS=c.dots, num_warps=c.warps, num_stages=c.stages, **options(x.device))
     tiles = triton.cdiv(n, c.bn)
     counters = tile_counters(x.device, tiles)
-    if plan.programs:  # stream-K
-        k_tiles = triton.cdiv(k, c.bk)
-        per = triton.cdiv(tiles * k_tiles, plan.programs)
-        max_parts = triton.cdiv(k_tiles, per) + 1  # programs one row tile can span
-        parts = torch.empty((max_parts, m, n), dtype=torch.float32, device=x.device)
-        _decode_stream_kernel[(triton.cdiv(tiles * k_tiles, per),)](
-            xo, inv, xsum, ops.words, ops.scale, ops.zero, ops.gscale, parts, counters, out, m,
-            n, k, ops.words.stride(0), ops.scale.stride(0), per, **common)
-        return
     parts = out if plan.splits == 1 else torch.empty((plan.splits, m, n), dtype=torch.float32,
                                                      device=x.device)
     _decode_kernel[(tiles, plan.splits)](
@@ -672,42 +656,6 @@ if triton is not None:
         _finish_tile(decode_result(acc, SCHEME), pid_k,
                      tl.num_programs(1), part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows,
                      row_ok, ms, m_ok, M, N, SCHEME)
-
-    @triton.jit
-    def _decode_stream_kernel(xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, g_ptr, part_ptr,
-                              counter_ptr, out_ptr, M, N, K, stride_w, stride_s, per,
-                              SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
-                              ASM: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
-                              BK: tl.constexpr, DOTS: tl.constexpr, GDC: tl.constexpr):
-        """Stream-K: program p walks iterations [p * per, (p + 1) * per) of the flattened
-        (row tile, K tile) space in one loop; its sum for each row tile it touches is that
-        tile's part p - first(tile) (first(tile): the program that starts the tile), of as
-        many parts as programs touch the tile (`_finish_tile` adds them)."""
-        wait_for_inputs(GDC)
-        tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
-        pid = tl.program_id(0)
-        k_tiles = tl.cdiv(K, BK)
-        total = tl.cdiv(N, BN) * k_tiles
-        ms = tl.arange(0, BM)
-        m_ok = ms < M
-        it_lo = pid * per
-        it_hi = tl.minimum(total, it_lo + per)
-        acc = tl.zeros((BN, BM), tl.float32)
-        for it in range(it_lo, it_hi):
-            tile = it // k_tiles
-            kt = it - tile * k_tiles
-            rows = tile * BN + tl.arange(0, BN)
-            row_ok = rows < N
-            acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr,
-                              rows.to(tl.int64), row_ok, ms, m_ok, M, K, kt * BK, K, stride_w,
-                              stride_s, SCHEME, WPS, ASM, EVEN_K, BK, DOTS)
-            if (kt == k_tiles - 1) | (it == it_hi - 1):
-                first = (tile * k_tiles) // per
-                parts = ((tile + 1) * k_tiles - 1) // per - first + 1
-                _finish_tile(decode_result(acc, SCHEME), pid - first,
-                             parts, part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows, row_ok,
-                             ms, m_ok, M, N, SCHEME)
-                acc = tl.zeros((BN, BM), tl.float32)
 
     @triton.jit
     def _gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_x, stride_w,
