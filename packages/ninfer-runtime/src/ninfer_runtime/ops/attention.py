@@ -254,8 +254,6 @@ def _prune_configs(configs: list[triton.Config], named_args: dict,
 if triton is not None:
     from ninfer_runtime.ops.launch import wait_for_inputs
 
-    DECODE_BLOCK_M_C = tl.constexpr(DECODE_BLOCK_M)
-
     @triton.jit
     def _store_one(x, stride_xt, stride_xh, cache_, scales, slot, t, num_heads,
                    HEADS: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr,
@@ -335,10 +333,6 @@ if triton is not None:
         [kv_start, kv_end): what the block's rows can see at all (visible_keys)."""
         wait_for_inputs(GDC)
         BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_HEADS
-        # decode tiles read V before the softmax needs it, so that both tiles' loads are in
-        # flight together (a decode split is a few short iterations, bound by load latency);
-        # prompt tiles read it after, where holding both would spill registers
-        EARLY_V: tl.constexpr = BLOCK_M <= DECODE_BLOCK_M_C
         block = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -382,9 +376,6 @@ if triton is not None:
             slots = page * PAGE_SIZE + n % PAGE_SIZE
             kt = _kv_tile(k_cache, k_scale, slots, in_range, kv_head, num_kv_heads,
                           q.dtype.element_ty, BLOCK_N, HEAD_DIM, GROUP, QUANT)
-            if EARLY_V:
-                vt = _kv_tile(v_cache, v_scale, slots, in_range, kv_head, num_kv_heads,
-                              q.dtype.element_ty, BLOCK_N, HEAD_DIM, GROUP, QUANT)
             s = tl.dot(qt, tl.trans(kt), input_precision=DOT_PRECISION) * qk_scale
             seen = in_range[None, :]
             if CAUSAL:
@@ -399,9 +390,8 @@ if triton is not None:
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.exp2(s - m_safe[:, None])
             alpha = tl.exp2(m_i - m_safe)
-            if not EARLY_V:
-                vt = _kv_tile(v_cache, v_scale, slots, in_range, kv_head, num_kv_heads,
-                              q.dtype.element_ty, BLOCK_N, HEAD_DIM, GROUP, QUANT)
+            vt = _kv_tile(v_cache, v_scale, slots, in_range, kv_head, num_kv_heads,
+                          q.dtype.element_ty, BLOCK_N, HEAD_DIM, GROUP, QUANT)
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt,
                                                 input_precision=DOT_PRECISION)
