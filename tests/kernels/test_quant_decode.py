@@ -1,6 +1,7 @@
-"""The decode GEMV's inline PTX, executed by a small emulator over every input it can see.
+"""The kernels' inline PTX, executed by a small emulator over every input it can see.
 
-`quant_decode`'s PTX strings run on the GPU only; here each instruction they use is replayed
+`quant_decode`'s PTX strings (the decode GEMV) and `kv_quant.INT8_QUAD_PTX` (INT8 KV in
+attention) run on the GPU only; here each instruction they use is replayed
 in torch with the semantics the PTX ISA documents (prmt's byte select and sign replicate,
 lop3's truth table, cvt / mul rounding to nearest even), vectorized over all inputs: every
 pair of code bytes with every fp8 block scale, every int4 code. The
@@ -65,7 +66,7 @@ def _bits32(f: torch.Tensor) -> torch.Tensor:
 
 
 def run_ptx(ptx: str, operands: dict[int, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Execute `ptx` (the instruction subset quant_decode uses) on int64 tensors holding 32-bit
+    """Execute `ptx` (the instruction subset the kernels use) on int64 tensors holding 32-bit
     registers; operands maps $n to its value. Returns every register after the last line."""
     regs: dict[str, torch.Tensor] = {f"${n}": v & MASK for n, v in operands.items()}
     like = next(iter(regs.values()))
@@ -102,9 +103,13 @@ def run_ptx(ptx: str, operands: dict[int, torch.Tensor]) -> dict[str, torch.Tens
             e4m3 = [((val(args[0]) >> s) & 0xFF).to(torch.uint8).view(torch.float8_e4m3fn)
                     for s in (0, 8)]
             out = _pack(*(e.half() for e in e4m3))
-        elif op == "mul.rn.f16x2":
+        elif op in ("mul.rn.f16x2", "sub.rn.f16x2"):
             (a0, a1), (b0, b1) = _halves(val(args[0])), _halves(val(args[1]))
-            out = _pack(a0 * b0, a1 * b1)
+            out = _pack(a0 * b0, a1 * b1) if op[0] == "m" else _pack(a0 - b0, a1 - b1)
+        elif op == "xor.b32":
+            out = val(args[0]) ^ val(args[1])
+        elif op == "mov.b32":
+            out = val(args[0])
         elif op == "mul.f32":
             out = _bits32(_f32(val(args[0])) * _f32(val(args[1])))
         elif op == "cvt.rn.f16x2.f32":  # d = {hi: cvt(a), lo: cvt(b)}
@@ -178,3 +183,25 @@ def test_emulator_prmt_and_lop3_semantics() -> None:
     x, y, z = t([0xF0]), t([0xCC]), t([0xAA])
     assert _lop3(x, y, z, 0xEA).item() == (0xF0 & 0xCC) | 0xAA
     assert _lop3(x, y, z, 0x96).item() == 0xF0 ^ 0xCC ^ 0xAA
+
+
+def test_int8_quad_is_code_times_scale() -> None:
+    """kv_quant.INT8_QUAD_PTX over every int8 code at every byte position, with fp16 scales
+    from tiny to large: lane values are q * s rounded once to fp16, code i of the input word in
+    output i (codes 0, 1 in $0's low and high halves, 2, 3 in $1's)."""
+    from ninfer_runtime.ops.kv_quant import INT8_QUAD_PTX
+
+    gen = torch.Generator().manual_seed(0)
+    codes = torch.arange(-128, 128, dtype=torch.int64).repeat(16)
+    others = torch.randint(-128, 128, (3, codes.numel()), generator=gen, dtype=torch.int64)
+    scales = torch.cat([torch.rand(codes.numel() // 2, generator=gen) * 2.0**-10,
+                        torch.rand(codes.numel() // 2, generator=gen) * 4.0]).half()
+    for position in range(4):
+        quad = [others[i - (i > position)] if i != position else codes for i in range(4)]
+        word = sum((q & 0xFF) << (8 * i) for i, q in enumerate(quad))
+        s = [scales.roll(i) for i in range(4)]
+        regs = run_ptx(INT8_QUAD_PTX, {2: word, 3: _pack(s[0], s[1]), 4: _pack(s[2], s[3])})
+        lanes = [*_halves(regs["$0"]), *_halves(regs["$1"])]
+        for i in range(4):
+            expect = (quad[i].double() * s[i].double()).half()
+            assert torch.equal(lanes[i], expect), (position, i)

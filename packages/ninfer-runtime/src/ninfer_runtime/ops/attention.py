@@ -54,6 +54,11 @@ PREFILL_BLOCK_M = 128  # rows (tokens x q heads of a kv head) per program for pr
 MAX_SPLITS = 64  # context splits per query block (a power of two)
 MIN_SPLIT_TOKENS = 256  # fewer keys than this per split cost more in merging than they save
 WAVES = 2  # programs to aim for, per multiprocessor, before splitting stops
+# INT8 KV of decode tiles dequantized by inline PTX in fp16 (kv_quant.INT8_QUAD_PTX): 5.9
+# instead of 6.8 SASS instructions per KV element in the decode loop (sm_90, BLOCK_N 32, 4
+# warps), which is issue-bound. Not for prompt tiles (128 rows: it doubles their register
+# spills), fp32 queries, or the interpreter (which cannot run PTX).
+KV_DEQUANT_ASM = os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def visible_keys(t: int, s: int, *, causal: bool = True, window: int | None = None,
@@ -293,9 +298,10 @@ if triton is not None:
     @triton.jit
     def _kv_tile(cache_, scales, slots, mask, head, num_heads, OUT_DTYPE: tl.constexpr,
                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
-                 QUANT: tl.constexpr):
+                 QUANT: tl.constexpr, ASM: tl.constexpr):
         """Head `head` of the tokens in `slots` [BLOCK_N] as [BLOCK_N, HEAD_DIM] OUT_DTYPE,
-        dequantized in registers when QUANT (masked tokens read as 0)."""
+        dequantized in registers when QUANT (masked tokens read as 0; ASM: in fp16, four
+        codes per instruction, kv_quant.INT8_QUAD_PTX)."""
         GROUPS: tl.constexpr = HEAD_DIM // GROUP
         if QUANT:
             g = tl.arange(0, GROUPS)
@@ -304,7 +310,7 @@ if triton is not None:
             x = tl.load(cache_ + row + d, mask=mask[:, None, None], other=0)
             s = tl.load(scales + slots[:, None] * num_heads * GROUPS + head * GROUPS
                         + g[None, :], mask=mask[:, None], other=0.0)
-            x = tl.reshape(dequantize_int8_tile(x, s), (BLOCK_N, HEAD_DIM))
+            x = tl.reshape(dequantize_int8_tile(x, s, ASM), (BLOCK_N, HEAD_DIM))
         else:
             d = tl.arange(0, HEAD_DIM)
             x = tl.load(cache_ + slots[:, None] * num_heads * HEAD_DIM + head * HEAD_DIM
@@ -326,7 +332,7 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
         NUM_SPLITS: tl.constexpr, QUANT: tl.constexpr, HAS_GATE: tl.constexpr,
         CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        GDC: tl.constexpr,
+        ASM: tl.constexpr, GDC: tl.constexpr,
     ):
         """Program (block, kv head, split): rows r of the tile are query token r // GROUP_HEADS
         of the block and q head kv_head * GROUP_HEADS + r % GROUP_HEADS. Keys are walked over
@@ -365,6 +371,8 @@ if triton is not None:
         d = tl.arange(0, HEAD_DIM)
         qt = tl.load(q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                      mask=valid[:, None], other=0.0)
+        if QUANT and ASM:  # the INT8 tiles come out in fp16: the dots run in fp16
+            qt = qt.to(tl.float16)
         page_row = page_tables + seq * stride_pt
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -375,7 +383,7 @@ if triton is not None:
             page = tl.load(page_row + n // PAGE_SIZE, mask=in_range, other=0)
             slots = page * PAGE_SIZE + n % PAGE_SIZE
             kt = _kv_tile(k_cache, k_scale, slots, in_range, kv_head, num_kv_heads,
-                          q.dtype.element_ty, BLOCK_N, HEAD_DIM, GROUP, QUANT)
+                          qt.dtype, BLOCK_N, HEAD_DIM, GROUP, QUANT, ASM)
             s = tl.dot(qt, tl.trans(kt), input_precision=DOT_PRECISION) * qk_scale
             seen = in_range[None, :]
             if CAUSAL:
@@ -391,7 +399,7 @@ if triton is not None:
             p = tl.exp2(s - m_safe[:, None])
             alpha = tl.exp2(m_i - m_safe)
             vt = _kv_tile(v_cache, v_scale, slots, in_range, kv_head, num_kv_heads,
-                          q.dtype.element_ty, BLOCK_N, HEAD_DIM, GROUP, QUANT)
+                          qt.dtype, BLOCK_N, HEAD_DIM, GROUP, QUANT, ASM)
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt,
                                                 input_precision=DOT_PRECISION)
@@ -506,7 +514,9 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         GROUP_HEADS=nq // nkv, BLOCK_M=plan.block_m, HEAD_DIM=d, GROUP=group,
         PAGE_SIZE=page_size, NUM_SPLITS=plan.num_splits, QUANT=quant, HAS_GATE=gate is not None,
         CAUSAL=causal, HAS_WINDOW=window is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **options(q.device),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        ASM=KV_DEQUANT_ASM and q.dtype != torch.float32 and plan.block_m <= DECODE_BLOCK_M,
+        **options(q.device),
     )
     if split:
         _merge_splits_kernel[(n, nq)](
