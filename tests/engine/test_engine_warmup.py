@@ -101,3 +101,19 @@ def test_every_warm_up_step_runs(tiny_model: Callable[[str], LoadedModel], kind:
     warm_up(model, caches, config, steps)
     # no NaN state: on the GPU a NaN hidden would route MoE tokens to no valid expert
     assert all(torch.isfinite(c.recurrent).all() for c in caches if isinstance(c, GDNSlots))
+
+
+def test_sampler_warm_up_launches_every_sampling_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampler's warm-up reaches both Triton sampling kernels (penalties and the draw),
+    so that their compilation falls in the start-up, not in the first request."""
+    from ninfer_runtime.engine.device_setup import warm_up_sampler
+    from ninfer_runtime.ops import sampling
+
+    monkeypatch.setenv("NINFER_OPS", "triton")
+    launched = []
+    for name in ("_launch_penalties", "_launch_sample"):
+        launch = getattr(sampling, name)
+        monkeypatch.setattr(sampling, name, lambda *a, _f=launch, _n=name, **k: (
+            launched.append(_n), _f(*a, **k))[1])
+    warm_up_sampler(torch.randn(3, 300).bfloat16())
+    assert sorted(launched) == ["_launch_penalties", "_launch_sample"]

@@ -24,6 +24,8 @@ from ninfer_runtime.engine.config import EngineConfig
 from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs
 from ninfer_runtime.engine.kv_pool import kv_bytes_per_token, pages_for, request_pages
 from ninfer_runtime.engine.memory_plan import MemoryPlan, peak_bytes, plan_memory
+from ninfer_runtime.engine.request import SamplingParams
+from ninfer_runtime.engine.sampler import SamplerState, sample
 from ninfer_runtime.engine.spec import Committed, Proposer
 from ninfer_runtime.engine.warmup import WarmupStep, warmup_steps
 from ninfer_runtime.models.cache import GDNSlots, LayerCache, allocate_layer_caches
@@ -79,12 +81,28 @@ def warmup_batch(step: WarmupStep, config: EngineConfig, device: torch.device) -
 
 def warm_up(model: Qwen3_5Model, caches: list[LayerCache], config: EngineConfig,
             steps: Sequence[WarmupStep]) -> None:
-    """One forward of each warm-up step (the first launch of each key tunes its kernel)."""
+    """One forward of each warm-up step (the first launch of each key tunes its kernel), then
+    the sampler on the last step's logits."""
     start = time.perf_counter()
     for step in steps:
-        _forward_step(model, caches, warmup_batch(step, config, model.device))
+        logits = _forward_step(model, caches, warmup_batch(step, config, model.device))[1]
+    warm_up_sampler(logits)
     _synchronize(model.device)
     log.info("warm-up: %d step shapes in %.1f s", len(steps), time.perf_counter() - start)
+
+
+def warm_up_sampler(logits: torch.Tensor) -> None:
+    """Every sampling kernel once, on logits of the model's dtype: a greedy row and one with
+    temperature, filters, penalties and logprobs. Their first launch compiles them (seconds on
+    a machine whose Triton cache is cold), which would otherwise fall inside the first
+    request's time to first token."""
+    vocab, device = logits.shape[-1], logits.device
+    rows = [SamplingParams(temperature=0.0),
+            SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05,
+                           presence_penalty=0.1, frequency_penalty=0.1,
+                           repetition_penalty=1.1, seed=0, logprobs=1)]
+    states = [SamplerState.create(params, [0], vocab, device) for params in rows]
+    sample(logits[:1].expand(len(rows), vocab).contiguous(), states)
 
 
 def _synchronize(device: torch.device) -> None:
