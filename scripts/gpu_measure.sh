@@ -73,6 +73,9 @@ run_stage() {
     hf27) timeout 200 python3 scripts/hf_baseline.py qwen3_6_27b --context "$CTX" --tokens 32 ;;
     hf35) timeout 200 python3 scripts/hf_baseline.py qwen3_6_35b_a3b --context "$CTX" --tokens 32 ;;
     splits) timeout 200 python3 scripts/split_sweep.py ${SPLIT_ARGS:-} ;;
+    ncu) timeout 200 ncu --clock-control none --kernel-name regex:_decode_kernel \
+           --section WarpStateStats --section SchedulerStats --section Occupancy \
+           --section MemoryWorkloadAnalysis python3 scripts/ncu_decode.py ;;
     *) echo "unknown stage $name"; return 2 ;;
   esac
 }
