@@ -249,17 +249,18 @@ class DecodePlan:
 # The weight tile is the wgmma A operand in registers (64 rows per warp group), the activation
 # tile (laid out once per call) the shared-memory B operand. Each tensor-core dot ends in a
 # wait for its result, so a K tile in 8 dots (one per code position) waits 8 times; fewer,
-# wider dots wait less but keep more decoded operands live (255 registers at 1-2 dots for BN
-# >= 128). The sm_90 SASS (`scripts/sass_report.py`, Triton 3.9, no spills in any config
-# here): ~3.1-3.4 instructions per weight for nvfp4 at BN 256/128, ~2.7-3.1 for
-# groupwise-int, ~4.0-4.3 at BN 64, which serves narrow matrices (more programs). BK is a
-# multiple of 128 (one groupwise-int group) and >= 128 (tl.dot needs BK/8 >= 16). The tuner
-# times them all on the GPU; the interpreter runs one.
+# wider dots wait less but keep more decoded operands live (up to 247 registers at 2 dots and
+# BN 128). The sm_90 SASS (`scripts/sass_report.py`, Triton 3.9, no spills in any config
+# here): ~3.4-3.5 instructions per weight for nvfp4 at BN 128, ~3.1-3.3 for groupwise-int,
+# ~4.3-4.5 at BN 64, which serves narrow matrices (more programs). BN 256 with 8 warps was
+# never the fastest K-split plan on any 27B shape in the H200 sweeps (docs/perf.md), so it is
+# not timed. BK is a multiple of 128 (one groupwise-int group) and >= 128 (tl.dot needs BK/8
+# >= 16). The tuner times them all on the GPU; the interpreter runs one.
 DECODE_CONFIGS = {
     _NVFP4_ID: [DecodeConfig(bn, 256, w, s, d) for bn, w, s, d in (
-        (128, 4, 3, 2), (256, 8, 3, 2), (128, 4, 3, 8), (256, 8, 3, 8), (64, 4, 4, 4))],
+        (128, 4, 3, 2), (128, 4, 3, 8), (64, 4, 4, 4))],
     _INT_ID: [DecodeConfig(bn, _GROUP_BK, w, s, d) for bn, w, s, d in (
-        (128, 4, 4, 2), (256, 8, 4, 2), (128, 4, 4, 8), (64, 4, 4, 2))],
+        (128, 4, 4, 2), (128, 4, 4, 8), (64, 4, 4, 2))],
 }
 _INTERPRETER_CONFIGS = {_NVFP4_ID: DecodeConfig(32, 256, 4, 1),
                         _INT_ID: DecodeConfig(32, _GROUP_BK, 4, 1)}
