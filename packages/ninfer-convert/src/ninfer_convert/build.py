@@ -271,10 +271,14 @@ def _assemble(out: OutputTensor, load: Loader, roles: Roles,
         squeeze = out.plan.combine == "squeeze1"
         return {role: (parts[role].squeeze(1) if squeeze else parts[role]).to(dtype)
                 for role, (dtype, _, _) in roles.items()}
-    result = {role: torch.empty(shape, dtype=dtype) for role, (dtype, shape, _) in roles.items()}
+    result: dict[str, torch.Tensor] = {}
     slots = _slots(out.plan, [s.shape for s in out.sources])
     for (expert, start, end), source in zip(slots, out.sources, strict=True):
         parts = prepare(source, load(source.name))
+        if not result:  # on the sources' device: a random-init build draws them on the GPU
+            device = next(iter(parts.values())).device
+            result = {role: torch.empty(shape, dtype=dtype, device=device)
+                      for role, (dtype, shape, _) in roles.items()}
         for role, (_, _, row_dim) in roles.items():
             dst = result[role] if expert is None else result[role][expert]
             dst.narrow(row_dim, start, end - start).copy_(parts[role])
