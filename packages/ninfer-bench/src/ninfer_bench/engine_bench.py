@@ -31,6 +31,7 @@ import torch
 
 from ninfer_runtime.config import FULL_ATTENTION
 from ninfer_runtime.engine import Engine, EngineConfig, EngineRequest, SamplingParams
+from ninfer_runtime.engine.cuda_graph import StepGraphs
 from ninfer_runtime.engine.kv_pool import kv_bytes_per_token
 from ninfer_runtime.models.qwen3_5 import Qwen3_5Model
 from ninfer_runtime.quant import PackedWeight
@@ -132,21 +133,35 @@ class DecodeRun:
     seconds: float
     steps: int  # rounds with spec
     tokens: int
+    graph_steps: int  # steps whose target forward replayed a CUDA graph
+    draft_graph_runs: int  # the proposer's graph replays over those steps
+
+
+def _replays(engine: Engine) -> tuple[int, int]:
+    """Graph replays so far: the target's, and the proposer's (all its StepGraphs)."""
+    target = engine.graphs.replays if engine.graphs is not None else 0
+    proposer = vars(engine.proposer).values() if engine.proposer is not None else ()
+    return target, sum(g.replays for g in proposer if isinstance(g, StepGraphs))
 
 
 def measure_decode(engine: Engine, length: int, concurrency: int, tokens: int) -> DecodeRun:
-    """Time and tokens over the steps in which all `concurrency` requests decode."""
+    """Time and tokens over the steps in which all `concurrency` requests decode, and how many
+    of those steps ran through graphs (a step that falls back to eager is several times
+    slower, so a figure is only read with its graph count)."""
     _start_decoding(engine, "decode", length, concurrency, tokens)
     _sync(engine)
+    replays = _replays(engine)
     start, steps, produced = time.perf_counter(), 0, 0
     while engine.num_running() == concurrency:
         produced += sum(len(o.new_token_ids) for o in engine.step())
         steps += 1
     _sync(engine)
     elapsed = time.perf_counter() - start
+    (target_after, drafts_after), (target_before, drafts_before) = _replays(engine), replays
     while engine.has_unfinished():
         engine.step()
-    return DecodeRun(elapsed, steps, produced)
+    return DecodeRun(elapsed, steps, produced, target_after - target_before,
+                     drafts_after - drafts_before)
 
 
 def kernel_breakdown(engine: Engine, length: int, concurrency: int) -> list[tuple[str, float]]:
@@ -210,7 +225,9 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
                                    "tok_s": d.tokens / d.seconds, "ceiling_tok_s": ceiling,
                                    "ratio": d.tokens / d.seconds / ceiling,
                                    "ms_per_step": 1e3 * d.seconds / max(1, d.steps),
-                                   "tokens_per_step": d.tokens / max(1, d.steps)})
+                                   "tokens_per_step": d.tokens / max(1, d.steps),
+                                   "steps": d.steps, "graph_steps": d.graph_steps,
+                                   "draft_graph_runs": d.draft_graph_runs})
             if breakdown:
                 report["breakdown"][f"ctx{length}_c{c}"] = kernel_breakdown(engine, length, c)
     return report
@@ -219,12 +236,15 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
 def markdown(report: dict, top: int = 15) -> str:
     lines = [f"artifact `{report['artifact']}`, spec {report['spec']}, "
              f"startup {report['startup_s']:.1f} s", "",
-             "| what | context | C | tok/s | ceiling tok/s | ratio | ms/step | tokens/step |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| what | context | C | tok/s | ceiling tok/s | ratio | ms/step | tokens/step "
+             "| graphed steps |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
+        graphed = f"{r['graph_steps']}/{r['steps']}" if "steps" in r else ""
         lines.append(f"| {r['what']} | {r['context']} | {r['concurrency']} | {r['tok_s']:.1f} "
                      f"| {r['ceiling_tok_s']:.1f} | {100 * r['ratio']:.1f}% "
-                     f"| {r.get('ms_per_step', 0):.2f} | {r.get('tokens_per_step', 0):.2f} |")
+                     f"| {r.get('ms_per_step', 0):.2f} | {r.get('tokens_per_step', 0):.2f} "
+                     f"| {graphed} |")
     for key, rows in report["breakdown"].items():
         total = sum(us for _, us in rows)
         lines += ["", f"eager decode step {key}: {total:.0f} us of kernels", "",

@@ -99,6 +99,7 @@ class StepGraphs:
         self.capture = capture
         self._shapes: dict[GraphShape, _Captured] = {}
         self._pool = None
+        self.replays = 0  # steps run through a graph (or its static buffers), for benchmarks
 
     @property
     def shapes(self) -> list[GraphShape]:
@@ -146,6 +147,7 @@ class StepGraphs:
         assert shape is not None and self.can_run(batch, *inputs), "no graph for this step"
         entry = self._shapes[shape]
         entry.load(batch, inputs)
+        self.replays += 1
         if entry.graph is None:
             return self.forward(entry.static, *entry.inputs)
         entry.graph.replay()
