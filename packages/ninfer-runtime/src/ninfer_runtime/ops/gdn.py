@@ -23,14 +23,16 @@ Two ops run Triton kernels on the GPU (the references stay the oracle and the CP
   rewritten by whichever of the k-head's programs finishes last (an atomic ticket), so no
   program overwrites it while another still reads it. Optionally the state after every token
   goes to its own slot (speculative verification).
-* `gated_delta_rule_varlen`: the chunked (WY/UT) form in two launches. First, in parallel
+* `gated_delta_rule_varlen`: the chunked (WY/UT) form in three launches. First, in parallel
   over every (chunk, value head), what does not depend on the state: the chunk's unit
   lower-triangular system inverted blockwise (16x16 diagonal blocks by substitution, then a
   Neumann product for the off-diagonal blocks) and applied, w = inv (beta exp(G) K) and
   u = inv (beta V), plus the normalised q and k, into an fp32 workspace. Then one program
   per (sequence, value head, dv block) carries its [dk, BV] state tile across the sequence's
-  chunks with tensor-core dots only (delta = u - w S, the output, the state update), so no
-  chunk's inverse sits on that sequential path (nor is repeated per dv block).
+  chunks with two tensor-core dots a chunk (delta = u - w S, the state update), storing
+  each chunk's delta and starting state; no chunk's inverse, and none of the output's
+  three dots, sits on that sequential path. Last, in parallel over every (chunk, value
+  head, dv block) again, the outputs from those.
 """
 
 from __future__ import annotations
@@ -364,13 +366,18 @@ def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
         SQUARINGS=max(0, (nblocks - 1).bit_length() - 1), BV=min(dv, 64),
         PRECISION=_DOT_PRECISION, num_warps=_PREPARE_WARPS)
 
-    def grid(meta: dict) -> tuple[int, int, int]:
-        return seqs, nv, dv // meta["BV"]
-
-    _gdn_chunked_kernel[grid](
-        qn, kn, g, w, u, out, states, cu_seqlens, slots, g.stride(0), out.stride(0),
-        out.stride(1), states.stride(0), states.stride(1), GROUP=nv // nk, DK=dk, DV=dv,
-        C=CHUNK_SIZE, PRECISION=_DOT_PRECISION)
+    # the scan's products for the output kernel: each chunk's delta and starting state
+    # (27B: 24 KiB a token and 3 MiB a chunk of 64, fp32)
+    blocks = num_blocks(n, seqs, CHUNK_SIZE)
+    delta = torch.empty(n, nv, dv, dtype=torch.float32, device=v.device)
+    hs = torch.empty(blocks, nv, dk, dv, dtype=torch.float32, device=v.device)
+    _gdn_chunked_kernel[lambda meta: (seqs, nv, dv // meta["BV"])](
+        kn, g, w, u, delta, hs, states, cu_seqlens, slots, g.stride(0), states.stride(0),
+        states.stride(1), GROUP=nv // nk, DK=dk, DV=dv, C=CHUNK_SIZE,
+        PRECISION=_DOT_PRECISION)
+    _gdn_chunk_output_kernel[lambda meta: (blocks, nv, dv // meta["BV"])](
+        qn, kn, g, delta, hs, out, cu_seqlens, seqs, g.stride(0), out.stride(0),
+        out.stride(1), GROUP=nv // nk, DK=dk, DV=dv, C=CHUNK_SIZE, PRECISION=_DOT_PRECISION)
     return out
 
 
@@ -597,18 +604,20 @@ if triton is not None:
 
     @triton.jit
     def _gdn_chunked_kernel(
-        qn_ptr, kn_ptr, g_ptr, w_ptr, u_ptr, o_ptr, states_ptr, cu_ptr, slot_ptr, stride_g,
-        stride_ot, stride_oh, stride_ss, stride_sh,
+        kn_ptr, g_ptr, w_ptr, u_ptr, delta_ptr, hs_ptr, states_ptr, cu_ptr, slot_ptr,
+        stride_g, stride_ss, stride_sh,
         GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
         C: tl.constexpr, PRECISION: tl.constexpr,
     ):
         """Program (sequence, value head h, dv block): carries the [DK, BV] state tile across
         the sequence's chunks, from their prepared terms (`_gdn_chunk_prepare_kernel`):
             delta = u - w S
-            o     = exp(G) (Q S) + (Q K^T o decay) delta
             S'    = exp(G_end) S + K^T (exp(G_end - G) delta)
-        The decays scale the small results, not the [C, DK] operands, so those go from
-        memory straight into the dots. Only these products are sequential."""
+        storing each chunk's delta and the state S it starts from (hs, indexed as
+        ops.varlen numbers the chunk's block) for `_gdn_chunk_output_kernel`, which makes the
+        outputs of all chunks side by side. Only these two products are sequential; the
+        decays scale the small results, not the [C, DK] operands, so those go from memory
+        straight into the dots."""
         tl.static_assert(DV % BV == 0, "the state tiles are unmasked: BV must divide DV")
         seq, h, vblock = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         nv = tl.num_programs(1)
@@ -616,18 +625,20 @@ if triton is not None:
         kh = h // GROUP
         dk = tl.arange(0, DK)
         dv = vblock * BV + tl.arange(0, BV)
-        state = (states_ptr + tl.load(slot_ptr + seq) * stride_ss + h * stride_sh
-                 + dk[:, None] * DV + dv[None, :])
+        tile = h * (DK * DV) + dk[:, None] * DV + dv[None, :]
+        state = states_ptr + tl.load(slot_ptr + seq) * stride_ss + h * stride_sh + tile - \
+            h * (DK * DV)
         s = tl.load(state)  # [DK, BV] fp32, carried across the chunks
         i = tl.arange(0, C)
-        causal = i[:, None] >= i[None, :]
+        first_block = (lo - seq) // C + seq  # ops.varlen: the sequence's first block
         for t0 in range(lo, hi, C):
             rows = t0 + i
-            live = rows < hi  # padding rows: q = k = w = u = 0, g = 0 leave s unchanged
+            live = rows < hi  # padding rows: k = w = u = 0, g = 0 leave s unchanged
             row = rows.to(tl.int64)[:, None]
-            qk_off = row * (nv // GROUP * DK) + kh * DK + dk[None, :]
-            q = tl.load(qn_ptr + qk_off, mask=live[:, None], other=0.0)
-            k = tl.load(kn_ptr + qk_off, mask=live[:, None], other=0.0)
+            block = (first_block + (t0 - lo) // C).to(tl.int64)
+            tl.store(hs_ptr + block * (nv * DK * DV) + tile, s)
+            k = tl.load(kn_ptr + row * (nv // GROUP * DK) + kh * DK + dk[None, :],
+                        mask=live[:, None], other=0.0)
             w = tl.load(w_ptr + row * (nv * DK) + h * DK + dk[None, :], mask=live[:, None],
                         other=0.0)
             u = tl.load(u_ptr + row * (nv * DV) + h * DV + dv[None, :], mask=live[:, None],
@@ -635,23 +646,66 @@ if triton is not None:
             g = tl.load(g_ptr + rows * stride_g + h, mask=live, other=0.0)
             cum = tl.cumsum(g, axis=0)
             total = tl.sum(g, axis=0)
-            # exp(G_i - G_j) for j <= i, masked before exp (the upper side would overflow)
-            decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], float("-inf")))
             delta = u - tl.dot(w, s, input_precision=PRECISION)  # [C, BV]
-            intra = tl.dot(q, tl.trans(k), input_precision=PRECISION) * decay
-            o = (tl.dot(q, s, input_precision=PRECISION) * tl.exp(cum)[:, None]
-                 + tl.dot(intra, delta, input_precision=PRECISION))
-            tl.store(o_ptr + row * stride_ot + h * stride_oh + dv[None, :],
-                     o.to(o_ptr.dtype.element_ty), mask=live[:, None])
+            tl.store(delta_ptr + row * (nv * DV) + h * DV + dv[None, :], delta,
+                     mask=live[:, None])
             s = s * tl.exp(total) + tl.dot(tl.trans(k), delta * tl.exp(total - cum)[:, None],
                                            input_precision=PRECISION)
         tl.store(state, s)
 
-    # NOTE (sm_90, dk = dv = 128): every load feeds a dot, so stages multiply the shared
-    # memory: (32, 4 warps) takes 151 KiB at 1 stage, 224 KiB at 2, too much at 3 (the
-    # autotuner skips what does not fit); each spills 200-400 B of registers.
+    @triton.jit
+    def _gdn_chunk_output_kernel(
+        qn_ptr, kn_ptr, g_ptr, delta_ptr, hs_ptr, o_ptr, cu_ptr, num_seqs, stride_g,
+        stride_ot, stride_oh,
+        GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+        C: tl.constexpr, PRECISION: tl.constexpr,
+    ):
+        """Program (chunk block, value head h, dv block), all side by side: the chunk's
+        output from the state it starts from (S, stored by the scan) and its delta:
+            o = exp(G) (Q S) + (Q K^T o decay) delta"""
+        block, h, vblock = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        nv = tl.num_programs(1)
+        seq, t0 = block_of(cu_ptr, block, num_seqs, C)
+        hi = tl.load(cu_ptr + seq + 1)
+        if t0 >= hi:
+            return  # spare program (ops.varlen)
+        kh = h // GROUP
+        dk = tl.arange(0, DK)
+        dv = vblock * BV + tl.arange(0, BV)
+        i = tl.arange(0, C)
+        rows = t0 + i
+        live = rows < hi
+        row = rows.to(tl.int64)[:, None]
+        qk_off = row * (nv // GROUP * DK) + kh * DK + dk[None, :]
+        q = tl.load(qn_ptr + qk_off, mask=live[:, None], other=0.0)
+        k = tl.load(kn_ptr + qk_off, mask=live[:, None], other=0.0)
+        s = tl.load(hs_ptr + block.to(tl.int64) * (nv * DK * DV) + h * (DK * DV)
+                    + dk[:, None] * DV + dv[None, :])
+        delta = tl.load(delta_ptr + row * (nv * DV) + h * DV + dv[None, :],
+                        mask=live[:, None], other=0.0)
+        g = tl.load(g_ptr + rows * stride_g + h, mask=live, other=0.0)
+        cum = tl.cumsum(g, axis=0)
+        # exp(G_i - G_j) for j <= i, masked before exp (the upper side would overflow)
+        causal = i[:, None] >= i[None, :]
+        decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], float("-inf")))
+        intra = tl.dot(q, tl.trans(k), input_precision=PRECISION) * decay
+        o = (tl.dot(q, s, input_precision=PRECISION) * tl.exp(cum)[:, None]
+             + tl.dot(intra, delta, input_precision=PRECISION))
+        tl.store(o_ptr + row * stride_ot + h * stride_oh + dv[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=live[:, None])
+
+    # NOTE (sm_90, dk = dv = 128, Triton 3.9): every load feeds a dot, so stages multiply the
+    # shared memory (the autotuner skips what does not fit). The scan: 168 KiB at (BV 32, 2
+    # stages), no spills at 8 warps or at BV 16, 56-248 B spilled by the others (it spilled
+    # 200-400 B in every config while it also made the output); the output kernel: 88-160
+    # KiB, 118-128 registers, no spills.
     _gdn_chunked_kernel = triton.autotune(
         _configs([(32, 4, 2), (32, 8, 2), (16, 4, 2), (32, 4, 1), (64, 8, 1)]),
         key=["DK", "DV", "GROUP"],
         prune_configs_by={"early_config_prune": _fit_dv},
         restore_value=["states_ptr"], cache_results=True)(_gdn_chunked_kernel)
+    _gdn_chunk_output_kernel = triton.autotune(
+        _configs([(32, 4, 2), (64, 4, 2), (64, 8, 2), (128, 8, 1), (32, 4, 1)]),
+        key=["DK", "DV", "GROUP"],
+        prune_configs_by={"early_config_prune": _fit_dv},
+        cache_results=True)(_gdn_chunk_output_kernel)
