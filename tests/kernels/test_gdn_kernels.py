@@ -190,11 +190,16 @@ def chunked_inputs(n: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
 CHUNK_TOL = 1e-2 if DEVICE == "cuda" else 2e-5
 
 
-@pytest.mark.parametrize("dtype", [HALF, torch.float32])
-def test_chunked_varlen_matches_reference(dtype: torch.dtype) -> None:
-    """A decode row, exactly one chunk, a chunk and a bit, a short prompt; scattered slots."""
-    cu, slots = segments([1, 64, 100, 3], [5, 0, 2, 7])
-    x = chunked_inputs(168, dtype)
+@pytest.mark.parametrize(("lengths", "dtype"), [
+    ([1, 64, 100, 3], HALF), ([1, 64, 100, 3], torch.float32),
+    ([70, 200, 5], torch.float32),  # a prompt of four chunks after one of two
+])
+def test_chunked_varlen_matches_reference(lengths: list[int], dtype: torch.dtype) -> None:
+    """A decode row, exactly one chunk, a chunk and a bit, a short prompt, several chunks
+    behind another sequence's (each chunk's starting state is stored by the scan and read by
+    the output kernel at the same block); scattered slots."""
+    cu, slots = segments(lengths, [5, 0, 2, 7][:len(lengths)])
+    x = chunked_inputs(sum(lengths), dtype)
     states = rand(SLOTS, NV, DK, DV, seed=6) * 0.3
     got, ref = states.clone(), states.clone()
     out = gated_delta_rule_varlen(**x, states=got, cu_seqlens=cu, slots=slots)
