@@ -367,12 +367,17 @@ class _StagePlan:
 _stage_plans: dict[tuple, _StagePlan] = {}
 
 
+# ops.quant_linear's weight layouts of the packed expert schemes
+_DECODE_LAYOUTS = {NVFP4: quant_linear.LAYOUTS["nvfp4"],
+                   INT4: quant_linear.LAYOUTS["groupwise-int"]}
+
+
 def _stage_candidates(n: int, k: int, scheme: int, swiglu: bool) -> list[_StagePlan]:
     """Configs and K splits the stage's tuner times; the first is the default. A program
     covers BN output columns, so gate|up tiles hold 2 BN weight rows (>= 64, one warp group's
-    MMA)."""
-    bk = 256 if scheme == NVFP4 else INT4_GROUP
-    stages = 3 if scheme == NVFP4 else 4
+    MMA); K tile and pipeline depth as the dense decode's configs for the scheme."""
+    dense = quant_linear.DECODE_CONFIGS[_DECODE_LAYOUTS[scheme].scheme][0]
+    bk, stages = dense.bk, dense.stages
     if quant_linear.INTERPRET:
         return [_StagePlan(quant_linear.DecodeConfig(32 if swiglu else 64, bk, 4, 1), 2)]
     widths = (32, 64) if swiglu else (64, 128)
@@ -414,15 +419,12 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
     part_buf = torch.empty((parts, outputs, rows), dtype=torch.float32, device=a.device) \
         if parts > 1 else out
     words = w.weight.view(torch.int32)
-    scheme = 0 if w.scheme == NVFP4 else 1  # ops.quant_linear's scheme ids
     _decode_experts_kernel[(pairs, tiles, splits)](
         xo, inv, xsum, words, w.scale, w.aux, part_buf,
         quant_linear.tile_counters(a.device, outputs * tiles), out, ids, weights, a.shape[0],
         n, k, top_k, words.stride(0), words.stride(1), w.scale.stride(0), w.scale.stride(1),
-        w.aux.stride(0), split_len, SCHEME=scheme, WPS=2 if w.scheme == NVFP4 else 16,
-        BM=16, ASM=quant_linear.DECODE_ASM and not quant_linear.INTERPRET,
-        EVEN_K=k % c.bk == 0, BN=c.bn, BK=c.bk, DOTS=c.dots, SWIGLU=swiglu,
-        num_warps=c.warps, num_stages=c.stages, **options(a.device))
+        w.aux.stride(0), split_len, SWIGLU=swiglu,
+        **quant_linear.decode_tile_args(_DECODE_LAYOUTS[w.scheme], c, k), **options(a.device))
 
 
 def _gemm_configs() -> list[triton.Config]:
@@ -448,6 +450,7 @@ if triton is not None:
         _NV_FMA_SCALE,
         _NV_FMA_X,
         _NV_OUT,
+        _NVFP4,
         _e2m1,
         _graph_bench,
         _uint4,
@@ -858,7 +861,7 @@ if triton is not None:
                               rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_wn,
                               stride_sn, SCHEME, WPS, ASM, EVEN_K, BK, DOTS)
         res = decode_result(acc, SCHEME)  # [BM, R]
-        if SCHEME == 0:  # nvfp4: the expert's per-row global scale (aux)
+        if SCHEME == _NVFP4:  # the expert's per-row global scale (aux)
             res = res * tl.load(aux_ptr + expert * stride_ae + rows, mask=row_ok,
                                 other=0.0)[None, :]
         splits = tl.num_programs(2)

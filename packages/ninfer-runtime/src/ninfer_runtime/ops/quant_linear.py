@@ -101,7 +101,7 @@ class _Layout:
 
 
 _NVFP4_ID, _INT_ID = 0, 1
-_LAYOUTS = {"nvfp4": _Layout(_NVFP4_ID, 2), "groupwise-int": _Layout(_INT_ID, 16)}
+LAYOUTS = {"nvfp4": _Layout(_NVFP4_ID, 2), "groupwise-int": _Layout(_INT_ID, 16)}
 
 
 class PackedWeightError(ValueError):
@@ -110,7 +110,7 @@ class PackedWeightError(ValueError):
 
 def supports(w: PackedWeight) -> bool:
     """True when the kernels here can run this weight (a 2-D nvfp4 or groupwise-int weight)."""
-    return w.scheme.name in _LAYOUTS and len(w.shape) == 2
+    return w.scheme.name in LAYOUTS and len(w.shape) == 2
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class _Operands:
 
 def _operands(w: PackedWeight) -> _Operands:
     """The kernels' view of w's parts, checked (shapes, dtypes, contiguity)."""
-    layout = _LAYOUTS[w.scheme.name]
+    layout = LAYOUTS[w.scheme.name]
     n, k = w.shape
     per_scale = 8 * layout.words_per_scale
     blocks = k // per_scale
@@ -339,16 +339,24 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
     n = out.shape[1]
     c = plan.config
     xo, inv, xsum = activation_operands(x, c.bk, ops.layout.scheme == _INT_ID)
-    common = dict(SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale, BM=_DECODE_BM,
-                  ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % c.bk == 0, BN=c.bn, BK=c.bk,
-                  DOTS=c.dots, num_warps=c.warps, num_stages=c.stages, **options(x.device))
     tiles = triton.cdiv(n, c.bn)
     counters = tile_counters(x.device, tiles)
     parts = out if plan.splits == 1 else torch.empty((plan.splits, m, n), dtype=torch.float32,
                                                      device=x.device)
     _decode_kernel[(tiles, plan.splits)](
         xo, inv, xsum, ops.words, ops.scale, ops.zero, ops.gscale, parts, counters, out, m, n,
-        k, ops.words.stride(0), ops.scale.stride(0), plan.split_len, **common)
+        k, ops.words.stride(0), ops.scale.stride(0), plan.split_len,
+        **decode_tile_args(ops.layout, c, k), **options(x.device))
+
+
+def decode_tile_args(layout: _Layout, config: DecodeConfig, k: int) -> dict:
+    """The compile-time arguments and launch options of `decode_tile` for a weight of
+    `layout` with k inputs, as the dense decode kernel and ops.moe's expert decode pass
+    them."""
+    return dict(SCHEME=layout.scheme, WPS=layout.words_per_scale, BM=_DECODE_BM,
+                ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % config.bk == 0, BN=config.bn,
+                BK=config.bk, DOTS=config.dots, num_warps=config.warps,
+                num_stages=config.stages)
 
 
 _MAX_TILES = 1 << 16  # row tiles a decode call may have (N <= 4M at BN = 64)
