@@ -27,14 +27,13 @@ host), so both kernels can be captured in a CUDA graph.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import cache
 
 import torch
 import torch.nn.functional as F
 
-from ninfer_runtime.ops.dispatch import use_triton
+from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
 from ninfer_runtime.ops.kv_quant import dequantize_int8, quantize_int8
 from ninfer_runtime.ops.launch import options
 from ninfer_runtime.ops.varlen import num_blocks
@@ -58,7 +57,7 @@ WAVES = 2  # programs to aim for, per multiprocessor, before splitting stops
 # instead of 6.8 SASS instructions per KV element in the decode loop (sm_90, BLOCK_N 32, 4
 # warps), which is issue-bound. Not for prompt tiles (128 rows: it doubles their register
 # spills), fp32 queries, or the interpreter (which cannot run PTX).
-KV_DEQUANT_ASM = os.environ.get("TRITON_INTERPRET") != "1"
+KV_DEQUANT_ASM = not INTERPRET
 
 
 def visible_keys(t: int, s: int, *, causal: bool = True, window: int | None = None,
@@ -245,7 +244,7 @@ _TUNE_SPACE = ((32, 8, 3), (32, 4, 2), (32, 4, 3), (64, 8, 2), (16, 8, 3))
 
 def _configs() -> list[triton.Config]:
     """Autotuning candidates; the interpreter gets one (it is slow and has nothing to tune)."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if INTERPRET:
         return [triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=1)]
     return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in _TUNE_SPACE]
 

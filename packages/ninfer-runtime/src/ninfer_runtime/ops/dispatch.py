@@ -18,6 +18,8 @@ from functools import cache
 import torch
 
 MODES = ("auto", "ref", "triton")
+# kernels run by Triton's interpreter (CI): no PTX, no tuning, no launch options of real GPUs
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @cache

@@ -37,14 +37,13 @@ Two ops run Triton kernels on the GPU (the references stay the oracle and the CP
 
 from __future__ import annotations
 
-import os
 from functools import cache
 
 import torch
 import torch.nn.functional as F
 
 from ninfer_runtime.ops.conv import causal_conv1d_update, check_conv_args
-from ninfer_runtime.ops.dispatch import use_triton
+from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
 from ninfer_runtime.ops.launch import options
 from ninfer_runtime.ops.varlen import num_blocks
 
@@ -392,7 +391,7 @@ _DOT_PRECISION = "tf32"
 def _configs(options: list[tuple[int, int, int]]) -> list:
     """Autotune candidates as (BV, num_warps, num_stages); the interpreter gets one small
     tile (BV 16, so that tests at small dv still split it), not a tuning run."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if INTERPRET:
         options = [(16, 4, 1)]
     return [triton.Config({"BV": bv}, num_warps=warps, num_stages=stages)
             for bv, warps, stages in options]

@@ -20,6 +20,8 @@ from functools import cache
 
 import torch
 
+from ninfer_runtime.ops.dispatch import INTERPRET
+
 try:
     import triton
     import triton.language as tl
@@ -30,7 +32,7 @@ except ImportError:  # CPU-only install: nothing here is used
 @cache
 def _pdl(device: torch.device) -> bool:
     return (os.environ.get("NINFER_PDL", "0") == "1" and device.type == "cuda"
-            and os.environ.get("TRITON_INTERPRET") != "1"
+            and not INTERPRET
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 

@@ -39,14 +39,13 @@ The reference instead rounds each dequantized weight to x.dtype; the two agree t
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ninfer_runtime.ops import quant_linear
-from ninfer_runtime.ops.dispatch import use_triton
+from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
 from ninfer_runtime.ops.launch import options
 from ninfer_runtime.quant import PackedWeight
 
@@ -378,7 +377,7 @@ def _stage_candidates(n: int, k: int, scheme: int, swiglu: bool) -> list[_StageP
     MMA); K tile and pipeline depth as the dense decode's configs for the scheme."""
     dense = quant_linear.DECODE_CONFIGS[_DECODE_LAYOUTS[scheme].scheme][0]
     bk, stages = dense.bk, dense.stages
-    if quant_linear.INTERPRET:
+    if INTERPRET:
         return [_StagePlan(quant_linear.DecodeConfig(32 if swiglu else 64, bk, 4, 1), 2)]
     widths = (32, 64) if swiglu else (64, 128)
     k_tiles = triton.cdiv(k, bk)
@@ -434,7 +433,7 @@ def _gemm_configs() -> list[triton.Config]:
     candidates (each is compiled per key): narrow N tiles spread decode's 8 experts over more
     programs, wide ones with 8 warps suit the 64-row prefill blocks.
     """
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if INTERPRET:
         return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 64}, num_warps=4, num_stages=1)]
     shapes = [(32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 3),
               (128, 64, 8, 3), (128, 128, 8, 3)]
@@ -901,7 +900,7 @@ if triton is not None:
         (8 B spilled), 5.9; groupwise-int 5.8 / 5.2; all weight loads 16 B wide. bf16 down
         spills at BK >= 256 with 8 slots a tile: (16, 128, 8) is there for it.
         """
-        if os.environ.get("TRITON_INTERPRET") == "1":
+        if INTERPRET:
             options = [(64, 128, 4)]
         else:
             options = [(16, 256, 4), (16, 512, 4), (32, 256, 4), (16, 512, 8), (32, 512, 8),

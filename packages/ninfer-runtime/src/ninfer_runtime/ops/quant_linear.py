@@ -56,7 +56,6 @@ bf16 weights never come here: cuBLAS (F.linear) is the ceiling for them (BENCHMA
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -64,6 +63,7 @@ from functools import cache
 import torch
 
 from ninfer_runtime.ops import tuning_cache
+from ninfer_runtime.ops.dispatch import INTERPRET
 from ninfer_runtime.ops.launch import options
 from ninfer_runtime.ops.quant_decode import INT_F16_BIAS, NV_F16_EXP
 from ninfer_runtime.quant import PackedWeight
@@ -79,7 +79,6 @@ DEQUANT_MIN_M = 512  # from here dequantize once and call cuBLAS (_dequant_kerne
 # the decode kernel's fp16 operands come from inline PTX on the GPU (False: the pure-Triton
 # twin, bit-identical and slower; the interpreter always runs the twin)
 DECODE_ASM = True
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 # programs per SM the K split may aim at (counted with BN = 64); the decode tuner times each
 # with each config, the first being the default (the H200 sweep, scripts/split_sweep.py,
