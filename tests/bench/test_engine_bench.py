@@ -10,7 +10,6 @@ from click.testing import CliRunner
 
 from ninfer_bench.cli import main
 from ninfer_bench.engine_bench import footprint
-from ninfer_runtime.engine.cuda_graph import StepGraphs
 from ninfer_runtime.models.loading import load_artifact
 
 
@@ -64,18 +63,14 @@ def test_decode_counts_the_steps_that_replay_graphs(artifact: Path, spec: str) -
     uncaptured static buffers, as on a GPU) and how often the proposer's ran."""
     from ninfer_bench.engine_bench import measure_decode
     from ninfer_runtime.engine import Engine, EngineConfig
-    from ninfer_runtime.engine.cuda_graph import GraphShape
-    from ninfer_runtime.engine.device_setup import _forward_step, decode_batch, request_pages
+    from ninfer_runtime.engine.device_setup import decode_graphs, request_pages
 
     k = 2 if spec == "mtp" else 0
     config = EngineConfig(max_context=64, max_concurrency=2, device="cpu", spec=spec,
                           draft_tokens=k or 3)
     eng = Engine.from_artifact(artifact, config)
     assert measure_decode(eng, 8, 2, 4).graph_steps == 0  # no graphs on the CPU
-    eng.graphs = StepGraphs(lambda b: _forward_step(eng.model, eng.caches, b, ()),
-                            lambda n, _: decode_batch(n, eng.config, 0, eng.model.device),
-                            max_pages=request_pages(eng.config), capture=False)
-    eng.graphs.capture_all(GraphShape(b, k + 1) for b in (1, 2))
+    eng.graphs = decode_graphs(eng.model, eng.caches, eng.config, capture=False)
     if eng.proposer is not None:
         eng.proposer.capture_graphs(2, request_pages(eng.config), capture=False)
     run = measure_decode(eng, 8, 2, 4)

@@ -189,21 +189,22 @@ def warm_up_proposer(proposer: Proposer, model: Qwen3_5Model, config: EngineConf
 
 
 def decode_graphs(model: Qwen3_5Model, caches: list[LayerCache], config: EngineConfig,
-                  taps: Sequence[int] = ()) -> StepGraphs:
+                  taps: Sequence[int] = (), *, capture: bool = True) -> StepGraphs:
     """Graphs of the decode step (forward + lm_head, and the taps a proposer reads) at every
     batch size 1..max_concurrency: one token per request, or with spec the verify step of
-    K+1 tokens.
+    K+1 tokens (capture=False: their static buffers, run eagerly, as the CPU tests use them).
 
     Capture runs real steps on position 0 of page 0 and slots no request holds yet: harmless,
     since a request's pages and slots are written before they are read.
     """
     k = config.spec_tokens
-    before = torch.cuda.memory_allocated(model.device)
     graphs = StepGraphs(lambda b: _forward_step(model, caches, b, taps),
                         lambda n, _: decode_batch(n, config, 0, model.device),
-                        max_pages=request_pages(config))
+                        max_pages=request_pages(config), capture=capture)
+    before = torch.cuda.memory_allocated(model.device) if capture else 0
     graphs.capture_all(GraphShape(b, k + 1) for b in range(1, config.max_concurrency + 1))
-    log.info("captured %d %s graphs (batch 1..%d): %.2f GiB", len(graphs.shapes),
-             "verify" if k else "decode", config.max_concurrency,
-             (torch.cuda.memory_allocated(model.device) - before) / 2**30)
+    if capture:
+        log.info("captured %d %s graphs (batch 1..%d): %.2f GiB", len(graphs.shapes),
+                 "verify" if k else "decode", config.max_concurrency,
+                 (torch.cuda.memory_allocated(model.device) - before) / 2**30)
     return graphs
