@@ -150,18 +150,17 @@ def measure_decode(engine: Engine, length: int, concurrency: int, tokens: int) -
     slower, so a figure is only read with its graph count)."""
     _start_decoding(engine, "decode", length, concurrency, tokens)
     _sync(engine)
-    replays = _replays(engine)
+    before = _replays(engine)
     start, steps, produced = time.perf_counter(), 0, 0
     while engine.num_running() == concurrency:
         produced += sum(len(o.new_token_ids) for o in engine.step())
         steps += 1
     _sync(engine)
     elapsed = time.perf_counter() - start
-    (target_after, drafts_after), (target_before, drafts_before) = _replays(engine), replays
+    after = _replays(engine)
     while engine.has_unfinished():
         engine.step()
-    return DecodeRun(elapsed, steps, produced, target_after - target_before,
-                     drafts_after - drafts_before)
+    return DecodeRun(elapsed, steps, produced, after[0] - before[0], after[1] - before[1])
 
 
 def kernel_breakdown(engine: Engine, length: int, concurrency: int) -> list[tuple[str, float]]:

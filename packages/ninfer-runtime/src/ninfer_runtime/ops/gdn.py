@@ -624,9 +624,8 @@ if triton is not None:
         kh = h // GROUP
         dk = tl.arange(0, DK)
         dv = vblock * BV + tl.arange(0, BV)
-        tile = h * (DK * DV) + dk[:, None] * DV + dv[None, :]
-        state = states_ptr + tl.load(slot_ptr + seq) * stride_ss + h * stride_sh + tile - \
-            h * (DK * DV)
+        cell = dk[:, None] * DV + dv[None, :]  # the tile within a [DK, DV] state
+        state = states_ptr + tl.load(slot_ptr + seq) * stride_ss + h * stride_sh + cell
         s = tl.load(state)  # [DK, BV] fp32, carried across the chunks
         i = tl.arange(0, C)
         first_block = (lo - seq) // C + seq  # ops.varlen: the sequence's first block
@@ -635,7 +634,7 @@ if triton is not None:
             live = rows < hi  # padding rows: k = w = u = 0, g = 0 leave s unchanged
             row = rows.to(tl.int64)[:, None]
             block = (first_block + (t0 - lo) // C).to(tl.int64)
-            tl.store(hs_ptr + block * (nv * DK * DV) + tile, s)
+            tl.store(hs_ptr + (block * nv + h) * (DK * DV) + cell, s)
             k = tl.load(kn_ptr + row * (nv // GROUP * DK) + kh * DK + dk[None, :],
                         mask=live[:, None], other=0.0)
             w = tl.load(w_ptr + row * (nv * DK) + h * DK + dk[None, :], mask=live[:, None],
@@ -678,8 +677,8 @@ if triton is not None:
         qk_off = row * (nv // GROUP * DK) + kh * DK + dk[None, :]
         q = tl.load(qn_ptr + qk_off, mask=live[:, None], other=0.0)
         k = tl.load(kn_ptr + qk_off, mask=live[:, None], other=0.0)
-        s = tl.load(hs_ptr + block.to(tl.int64) * (nv * DK * DV) + h * (DK * DV)
-                    + dk[:, None] * DV + dv[None, :])
+        s = tl.load(hs_ptr + (block.to(tl.int64) * nv + h) * (DK * DV) + dk[:, None] * DV
+                    + dv[None, :])
         delta = tl.load(delta_ptr + row * (nv * DV) + h * DV + dv[None, :],
                         mask=live[:, None], other=0.0)
         g = tl.load(g_ptr + rows * stride_g + h, mask=live, other=0.0)
