@@ -32,10 +32,11 @@ context() {  # context NAME ARTIFACT-STEM: the NIAH context suite (MODE, default
     --artifact "$1=$ART/$2.ninfer" --mode "${MODE:-mtp0}" --context-lengths "${CTX_LIST:-8192,65536}" \
     --seeds 1 --max-tokens 128 --max-context 70000 --output "$out/context-$1-${MODE:-mtp0}"
 }
-saturation() {  # saturation NAME ARTIFACT-STEM: decode saturation at C = 1 and 8
+saturation() {  # saturation NAME ARTIFACT-STEM: decode saturation at C = $SAT_C (default 1 8)
   timeout "${SUITE_SECONDS:-240}" python3 -m ninfer_bench.cli concurrency --suite decode-saturation \
     --serve "python3 -m ninfer_serve.cli" --artifact "$1=$ART/$2.ninfer" --mode "${MODE:-mtp0}" \
-    --concurrency 1 --concurrency 8 --decode-tokens 512 --output "$out/saturation-$1-${MODE:-mtp0}"
+    $(printf -- '--concurrency %s ' ${SAT_C:-1 8}) --decode-tokens 512 \
+    --output "$out/saturation-$1-${MODE:-mtp0}"
 }
 
 run_stage() {

@@ -3,7 +3,9 @@
 Compiles each kernel variant of `ninfer_runtime.ops.quant_linear` for sm_90 (Triton's own
 ptxas), disassembles it with the cuobjdump that ships with Triton, finds the K loop (the
 backward branch with the largest body) and prints its instruction count per weight and per
-thread, its top opcodes, the registers and the local-memory (spill) use of every config.
+thread, its top opcodes, the registers, the programs an SM holds (registers and shared memory
+allow) and the local-memory (spill) use of every config; SASS_ROWS sets the decode's
+activation rows (default 1, a one-token step).
 
     .venv/bin/python scripts/sass_report.py              # every decode config
     .venv/bin/python scripts/sass_report.py --asm off    # the pure-Triton decode, for contrast
@@ -36,6 +38,7 @@ from ninfer_runtime.ops import quant_linear as ql  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 TOP_OPCODES = int(os.environ.get("SASS_TOP", "8"))
+ROWS = int(os.environ.get("SASS_ROWS", "1"))  # decode activation rows (the row tile follows)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ARGS = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "g_ptr", "out_ptr", "M", "N", "K", "stride_x",
         "stride_w", "stride_s")
@@ -89,15 +92,23 @@ def compile_variant(fn, signature: dict[str, str], constexprs: dict, warps: int,
     return triton.compile(src, target=TARGET, options={"num_warps": warps, "num_stages": stages})
 
 
+def programs_per_sm(regs: int, smem: int, warps: int) -> int:
+    """Resident programs per sm_90 SM: 64K registers (allocated per warp in units of 256),
+    227 KB of shared memory (1 KB reserved per program), 64 warps."""
+    per_warp = -(-regs * 32 // 256) * 256
+    return min(65536 // (per_warp * warps), 232448 // (smem + 1024), 64 // warps)
+
+
 def report(label: str, kernel, weights_per_thread: int, tmp: Path) -> None:
     dump, usage = sass(kernel.asm["cubin"], tmp)
     loop = main_loop(dump)
-    regs = re.search(r"REG:(\d+)", usage).group(1)
+    regs = int(re.search(r"REG:(\d+)", usage).group(1))
     stack = re.search(r"STACK:(\d+)", usage).group(1)
     spills = loop.opcodes["LDL"] + loop.opcodes["STL"]
+    resident = programs_per_sm(regs, kernel.metadata.shared, kernel.metadata.num_warps)
     top = ", ".join(f"{op} {n}" for op, n in loop.opcodes.most_common(TOP_OPCODES))
     print(f"{label:<58} {loop.instructions / weights_per_thread:6.2f} {loop.instructions:6d} "
-          f"{weights_per_thread:5d} {regs:>4} {stack:>5} {spills:>6}  {top}")
+          f"{weights_per_thread:5d} {regs:>4} {resident:>4} {stack:>5} {spills:>6}  {top}")
 
 
 DECODE_ARGS = ("xo_ptr", "inv_ptr", "xsum_ptr", "w_ptr", "s_ptr", "z_ptr", "g_ptr", "part_ptr",
@@ -121,7 +132,7 @@ def decode_variants(asm: bool, tmp: Path) -> None:
             bn, bk = cfg.bn, cfg.bk
             sig = dict(zip(DECODE_ARGS, ("*fp16", "*fp32", "*fp32", "*i32", *PARTS[scheme],
                                          "*fp32", "*i32", "*bf16", *["i32"] * 6), strict=True))
-            cst = {"SCHEME": sid, "WPS": wps, "BM": ql._DECODE_BM, "ASM": asm,
+            cst = {"SCHEME": sid, "WPS": wps, "BM": ql.decode_rows(ROWS), "ASM": asm,
                    "EVEN_K": True, "BN": bn, "BK": bk, "DOTS": cfg.dots, "GDC": True}
             k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages)
             label = f"decode {scheme} BN={bn} BK={bk} w={cfg.warps} s={cfg.stages} d={cfg.dots}"
@@ -153,8 +164,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"triton {triton.__version__}, target sm_90; per weight = loop instructions / "
           "weights per thread per iteration")
-    print(f"{'variant':<58} {'/wt':>6} {'loop':>6} {'wt/th':>5} {'reg':>4} {'stack':>5} "
-          f"{'LDL+STL':>6}  top opcodes")
+    print(f"{'variant':<58} {'/wt':>6} {'loop':>6} {'wt/th':>5} {'reg':>4} {'p/SM':>4} "
+          f"{'stack':>5} {'LDL+STL':>6}  top opcodes")
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "ninfer_sass_report"
     tmp.mkdir(parents=True, exist_ok=True)
     decode_variants(args.asm == "on", tmp)

@@ -423,7 +423,8 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
         quant_linear.tile_counters(a.device, outputs * tiles), out, ids, weights, a.shape[0],
         n, k, top_k, words.stride(0), words.stride(1), w.scale.stride(0), w.scale.stride(1),
         w.aux.stride(0), split_len, SWIGLU=swiglu,
-        **quant_linear.decode_tile_args(_DECODE_LAYOUTS[w.scheme], c, k), **options(a.device))
+        **quant_linear.decode_tile_args(_DECODE_LAYOUTS[w.scheme], c, k, 1),
+        **options(a.device))
 
 
 def _gemm_configs() -> list[triton.Config]:

@@ -22,21 +22,21 @@ Kernels:
 - `_decode_kernel`, decode (M <= SKINNY_MAX_M, one token included) of half activations (fp32
   ones, the CPU reference dtype, take the GEMM, exact with "ieee" dots). The activations are
   first scaled to fp16 and laid out by code position, once per call
-  (`quant_decode.activation_kernel`: xo[j, m, w] = x[m, 8w + j] times a power of two per
-  K tile, undone after the tile's dot),
-  so the K loop only streams weights, decodes them and multiplies. A program owns BN output
-  rows and one split of K; every M runs on tensor cores, rows padded to 16 (a GEMV is bound by
-  decoding, not by the MMA). Per code position j, W_j [BN, BK/8] @ xo[j]^T, the weight the
-  wide operand held in registers (wgmma), so that the operand registers pair two adjacent
-  words of one row, which is what the PTX decodes; the eight products of a tile run as 1-8
-  dots (`DecodeConfig.dots`: positions side by side along K). nvfp4 folds its fp8 block scale
-  into the fp16 operand (exact); groupwise-int iterates one 128-code group at a time and
-  applies scale and zero point to the group's dot result: s * (sum((1024 + q) x) - (1024 +
-  z) * sum(x)). K is split over a second grid axis when row tiles alone would leave SMs idle
-  (stream-K grids, timed on the H200, lost to K splits on every 27B shape by 25-100%,
-  docs/perf.md): each part goes to a fp32 buffer, and the last part of a row tile to arrive
-  (an atomic counter per tile) adds them all in a fixed order and writes the output:
-  deterministic, no second kernel, counters left at zero for graph replays.
+  (`quant_decode.activation_kernel`: xo[j, m, w] = x[m, 8w + j] times a power of two per K
+  tile, undone after the tile's dot), so the K loop only streams weights, decodes them and
+  multiplies. A program owns BN output rows and one split of K; every M runs on tensor cores,
+  rows padded to 8 or 16 (`decode_rows`; a GEMV is bound by decoding, not by the MMA). Per
+  code position j, W_j [BN, BK/8] @ xo[j]^T, the weight the wide operand held in registers
+  (wgmma), so that the operand registers pair two adjacent words of one row, which is what the
+  PTX decodes; the eight products of a tile run as 1-8 dots (`DecodeConfig.dots`: positions
+  side by side along K). nvfp4 folds its fp8 block scale into the fp16 operand (exact);
+  groupwise-int iterates one 128-code group at a time and applies scale and zero point to the
+  group's dot result: s * (sum((1024 + q) x) - (1024 + z) * sum(x)). K is split over a second
+  grid axis when row tiles alone would leave SMs idle (stream-K grids, timed on the H200, lost
+  to K splits on every 27B shape by 25-100%, docs/perf.md): each part goes to a fp32 buffer,
+  and the last part of a row tile to arrive (an atomic counter per tile) adds them all in a
+  fixed order and writes the output: deterministic, no second kernel, counters left at zero
+  for graph replays.
 - `_gemm_kernel`, prefill (M > SKINNY_MAX_M; fp32 activations at every M): tiled tensor-core
   GEMM; the [BN, BK] weight tile
   is dequantized in registers to x.dtype (exact for nvfp4 in bf16 and fp16), interleaved back
@@ -88,9 +88,18 @@ DECODE_TUNING = True  # False: the first config and split target, untimed (tests
 _MAX_SPLITS = 16
 _SPLIT_GRANULE = 256  # K chunks are whole multiples of every decode config's BK
 _GROUP_BK = 128  # groupwise-int: the decode kernel's K tile is one quantization group
-# decode rows padded to 16 for every M <= 16: wgmma (N = 16) with the x tile converted once
-# per program beats mma.sync (N = 8), which converts it in every warp (scripts/sass_report.py)
-_DECODE_BM = 16
+
+
+def decode_rows(m: int) -> int:
+    """The decode kernel's row tile (the wgmma N) for m activation rows: 8 up to 8 rows (a
+    decode step at C <= 8, an MTP verify at C <= 2), else 16.
+
+    The activation tile is padded to it in shared memory and the accumulator in registers, so
+    8 halves both against 16: on sm_90 the nvfp4 config BN 128, 8 dots drops from 185 to 167
+    registers (3 programs per SM instead of 2) and from 3.54 to 3.31 SASS instructions per
+    weight (scripts/sass_report.py). wgmma takes N = 8 (mma.sync, also N = 8, converts the
+    activation tile in every warp and costs more instructions)."""
+    return 8 if m <= 8 else 16
 
 
 @dataclass(frozen=True)
@@ -248,18 +257,21 @@ class DecodePlan:
 # The weight tile is the wgmma A operand in registers (64 rows per warp group), the activation
 # tile (laid out once per call) the shared-memory B operand. Each tensor-core dot ends in a
 # wait for its result, so a K tile in 8 dots (one per code position) waits 8 times; fewer,
-# wider dots wait less but keep more decoded operands live (up to 247 registers at 2 dots and
-# BN 128). The sm_90 SASS (`scripts/sass_report.py`, Triton 3.9, no spills in any config
-# here): ~3.4-3.5 instructions per weight for nvfp4 at BN 128, ~3.1-3.3 for groupwise-int,
-# ~4.3-4.5 at BN 64, which serves narrow matrices (more programs). BN 256 with 8 warps was
-# never the fastest K-split plan on any 27B shape in the H200 sweeps (docs/perf.md), so it is
-# not timed. BK is a multiple of 128 (one groupwise-int group) and >= 128 (tl.dot needs BK/8
-# >= 16). The tuner times them all on the GPU; the interpreter runs one.
+# wider dots wait less but keep more decoded operands live. Nsight Compute on the H200
+# (docs/perf.md, nvfp4 gate_up at M = 1, 16-row tiles) found the kernel latency-bound, not
+# issue- or bandwidth-bound: 2 programs per SM (the register limit) leave 2 warps per
+# scheduler, which issue 0.52 instructions a cycle and move 1.76 TB/s; the BN 64 config, 3
+# programs per SM, moved 1.97. So the configs trade instructions per weight for resident
+# programs (sm_90 SASS at 8 rows, `scripts/sass_report.py`, no spills; per weight /
+# programs per SM): nvfp4 BN 128 2 dots 3.15 / 2, 8 dots (4 stages) 3.31 / 3, BN 64 4 dots
+# 3.89 / 4, 8 dots 4.09 / 5; groupwise-int BN 128 2 dots 2.60 / 4, 8 dots 3.12 / 5, BN 64
+# 3.92 / 9. BK is a multiple of 128 (one groupwise-int group) and >= 128 (tl.dot needs
+# BK/8 >= 16). The tuner times them all on the GPU; the interpreter runs one.
 DECODE_CONFIGS = {
     _NVFP4_ID: [DecodeConfig(bn, 256, w, s, d) for bn, w, s, d in (
-        (128, 4, 3, 2), (128, 4, 3, 8), (64, 4, 4, 4))],
+        (128, 4, 3, 2), (128, 4, 4, 8), (64, 4, 4, 4), (64, 4, 4, 8))],
     _INT_ID: [DecodeConfig(bn, _GROUP_BK, w, s, d) for bn, w, s, d in (
-        (128, 4, 4, 2), (128, 4, 4, 8), (64, 4, 4, 2))],
+        (128, 4, 4, 2), (128, 4, 6, 2), (128, 4, 4, 8), (64, 4, 4, 2))],
 }
 _INTERPRETER_CONFIGS = {_NVFP4_ID: DecodeConfig(32, 256, 4, 1),
                         _INT_ID: DecodeConfig(32, _GROUP_BK, 4, 1)}
@@ -275,11 +287,13 @@ def decode_candidates(n: int, k: int, scheme: int, device: torch.device) -> list
 
 
 def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
-    """The decode kernel with the plan tuned for this weight shape: every candidate timed as
-    CUDA-graph replays on the first call (before any graph captures the step, as the engine's
-    warm-up guarantees), then reused for every M."""
-    n, k = out.shape[1], x.shape[1]
-    plan = tuned_plan(_decode_plans, (n, k, ops.layout.scheme, x.dtype, x.device),
+    """The decode kernel with the plan tuned for this weight shape and row tile: every
+    candidate timed as CUDA-graph replays on the first call (before any graph captures the
+    step, as the engine's warm-up guarantees), then reused for every M of that row tile."""
+    m, k = x.shape
+    n = out.shape[1]
+    plan = tuned_plan(_decode_plans, (n, k, decode_rows(m), ops.layout.scheme, x.dtype,
+                                      x.device),
                       lambda: decode_candidates(n, k, ops.layout.scheme, x.device),
                       lambda c: _run_decode(x, ops, out, c), x.device)
     _run_decode(x, ops, out, plan)
@@ -345,14 +359,14 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
     _decode_kernel[(tiles, plan.splits)](
         xo, inv, xsum, ops.words, ops.scale, ops.zero, ops.gscale, parts, counters, out, m, n,
         k, ops.words.stride(0), ops.scale.stride(0), plan.split_len,
-        **decode_tile_args(ops.layout, c, k), **options(x.device))
+        **decode_tile_args(ops.layout, c, k, m), **options(x.device))
 
 
-def decode_tile_args(layout: _Layout, config: DecodeConfig, k: int) -> dict:
+def decode_tile_args(layout: _Layout, config: DecodeConfig, k: int, m: int) -> dict:
     """The compile-time arguments and launch options of `decode_tile` for a weight of
-    `layout` with k inputs, as the dense decode kernel and ops.moe's expert decode pass
-    them."""
-    return dict(SCHEME=layout.scheme, WPS=layout.words_per_scale, BM=_DECODE_BM,
+    `layout` with k inputs and m activation rows, as the dense decode kernel and ops.moe's
+    expert decode pass them."""
+    return dict(SCHEME=layout.scheme, WPS=layout.words_per_scale, BM=decode_rows(m),
                 ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % config.bk == 0, BN=config.bn,
                 BK=config.bk, DOTS=config.dots, num_warps=config.warps,
                 num_stages=config.stages)
