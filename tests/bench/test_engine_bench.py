@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from ninfer_bench.cli import main
-from ninfer_bench.engine_bench import footprint
+from ninfer_bench.engine_bench import footprint, triton_compiles
 from ninfer_runtime.models.loading import load_artifact
 
 
@@ -76,3 +76,14 @@ def test_decode_counts_the_steps_that_replay_graphs(artifact: Path, spec: str) -
     run = measure_decode(eng, 8, 2, 4)
     assert run.steps > 0 and run.graph_steps == run.steps
     assert (run.draft_graph_runs > 0) == (spec == "mtp")
+
+
+def test_triton_compiles_records_the_compilations_inside_the_block() -> None:
+    """The hook Triton calls before compiling a kernel variant is installed for the block only
+    and lets the compilation go on."""
+    knobs = pytest.importorskip("triton").knobs
+    before = knobs.runtime.jit_cache_hook
+    with triton_compiles() as compiled:
+        assert knobs.runtime.jit_cache_hook(key="k", repr="_kernel[num_warps=4](x: *fp16)") is False
+    assert compiled == ["_kernel[num_warps=4](x: *fp16)"]
+    assert knobs.runtime.jit_cache_hook is before

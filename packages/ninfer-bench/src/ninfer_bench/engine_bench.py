@@ -6,7 +6,8 @@ serving suites measure the whole stack). For each context length L:
 - prefill: one request of L prompt tokens; prefill tok/s = L / (time to its first token);
   ceiling = bf16 tensor-core FLOPs / (2 x active parameters per token), attention excluded.
   Timed twice: `prefill-first`, the first such request after start-up (whatever the start-up
-  warm-up left undone shows here), and `prefill`, the same request again;
+  warm-up left undone shows here, and the Triton kernels it compiled are listed), and
+  `prefill`, the same request again;
 - decode at C = 1, 2, ...: C requests of L prompt tokens decode `decode_tokens` each; the
   aggregate tok/s counts only steps in which all C requests decode (no prefill in the step);
   ceiling (C = 1) = bandwidth / bytes one step reads (weights used per token + the KV of L
@@ -24,7 +25,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -100,6 +102,30 @@ def _request(rid: str, length: int, max_tokens: int, vocab: int) -> EngineReques
 def _sync(engine: Engine) -> None:
     if engine.model.device.type == "cuda":
         torch.cuda.synchronize(engine.model.device)
+
+
+@contextmanager
+def triton_compiles() -> Iterator[list[str]]:
+    """The Triton kernels compiled inside the block, by name and specialization (each a
+    kernel variant the process had not compiled before: what a warmed-up engine should never
+    meet while serving). Empty without Triton."""
+    compiled: list[str] = []
+    try:
+        from triton import knobs
+    except ImportError:
+        yield compiled
+        return
+
+    def record(*args: object, **kwargs: object) -> bool:
+        compiled.append(str(kwargs.get("repr", "?")))
+        return False  # compile as usual
+
+    previous = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = record
+    try:
+        yield compiled
+    finally:
+        knobs.runtime.jit_cache_hook = previous
 
 
 def measure_prefill(engine: Engine, length: int) -> float:
@@ -197,12 +223,14 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
                           spec=spec, draft_tokens=draft_tokens,  # type: ignore[arg-type]
                           lm_head_draft=lm_head_draft)
     start = time.perf_counter()
-    engine = Engine.from_artifact(artifact, config)
+    with triton_compiles() as startup_compiles:
+        engine = Engine.from_artifact(artifact, config)
     mode = "none" if spec == "none" else f"{spec}{draft_tokens}" + \
         (" lm-head-draft" if lm_head_draft else "")
     report: dict = {"artifact": artifact, "spec": mode,
                     "startup_s": time.perf_counter() - start,
                     "memory_plan": engine.memory_plan.table() if engine.memory_plan else None,
+                    "startup_compiles": len(startup_compiles), "compiles": {},
                     "rows": [], "breakdown": {}}
     fp = footprint(engine.model, kv_dtype)
     report["footprint"] = fp.__dict__
@@ -211,10 +239,13 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
         # two is work the start-up warm-up left to the first request (compiling, tuning)
         ceiling = BF16_FLOPS / (2 * fp.active_params)
         for what in ("prefill-first", "prefill"):
-            seconds = measure_prefill(engine, length)
+            with triton_compiles() as compiled:
+                seconds = measure_prefill(engine, length)
             report["rows"].append({"what": what, "context": length, "concurrency": 1,
                                    "tok_s": length / seconds, "ceiling_tok_s": ceiling,
                                    "ratio": length / seconds / ceiling})
+            if compiled:
+                report["compiles"][f"{what} {length}"] = compiled
         for c in concurrency:
             d = measure_decode(engine, length, c, decode_tokens)
             step_bytes = fp.weight_bytes + c * (length * fp.kv_bytes_per_token
@@ -234,7 +265,8 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
 
 def markdown(report: dict, top: int = 15) -> str:
     lines = [f"artifact `{report['artifact']}`, spec {report['spec']}, "
-             f"startup {report['startup_s']:.1f} s", "",
+             f"startup {report['startup_s']:.1f} s "
+             f"({report.get('startup_compiles', 0)} Triton compilations)", "",
              "| what | context | C | tok/s | ceiling tok/s | ratio | ms/step | tokens/step "
              "| graphed steps |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -250,6 +282,9 @@ def markdown(report: dict, top: int = 15) -> str:
                   "| kernel | us | share |", "|---|---|---|"]
         lines += [f"| `{name[:70]}` | {us:.1f} | {100 * us / total:.1f}% |"
                   for name, us in rows[:top]]
+    for key, compiled in report.get("compiles", {}).items():
+        lines += ["", f"Triton compilations during {key} (after the start-up warm-up):", ""]
+        lines += [f"- `{name[:300]}`" for name in compiled]
     if report.get("memory_plan"):
         lines += ["", "```", report["memory_plan"], "```"]
     return "\n".join(lines) + "\n"
