@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
 
 from ninfer_bench.cli import main
-from ninfer_bench.engine_bench import footprint, triton_compiles
+from ninfer_bench.engine_bench import Compilation, _compilation, footprint, triton_compiles
 from ninfer_runtime.models.loading import load_artifact
 
 
@@ -78,12 +79,35 @@ def test_decode_counts_the_steps_that_replay_graphs(artifact: Path, spec: str) -
     assert (run.draft_graph_runs > 0) == (spec == "mtp")
 
 
-def test_triton_compiles_records_the_compilations_inside_the_block() -> None:
-    """The hook Triton calls before compiling a kernel variant is installed for the block only
-    and lets the compilation go on."""
+def _hook_call(kernel: str, signature: dict[str, str], constants: dict, divisible: list[int]
+               ) -> dict:
+    """The keywords Triton passes its jit_cache_hook for one kernel variant."""
+    fn = SimpleNamespace(name=kernel)
+    attrs = {(i,): [["tt.divisibility", 16]] for i in divisible}
+    return {"key": (), "repr": kernel, "fn": fn,
+            "compile": {"signature": signature, "constants": constants, "configs": [attrs]}}
+
+
+def test_triton_compiles_records_each_variant_and_what_sets_it_apart() -> None:
+    """The hook Triton calls before compiling a kernel variant is installed for the block only,
+    lets the compilation go on, and names the variant's argument types, constants and
+    16-divisible arguments; a later variant is told apart from the closest earlier one."""
     knobs = pytest.importorskip("triton").knobs
     before = knobs.runtime.jit_cache_hook
-    with triton_compiles() as compiled:
-        assert knobs.runtime.jit_cache_hook(key="k", repr="_kernel[num_warps=4](x: *fp16)") is False
-    assert compiled == ["_kernel[num_warps=4](x: *fp16)"]
+    signature = {"x": "*bf16", "n": "i32", "BLOCK": "constexpr"}
+    with triton_compiles() as startup:
+        assert knobs.runtime.jit_cache_hook(
+            **_hook_call("_k", signature, {(2,): 64}, [0, 1])) is False
+        knobs.runtime.jit_cache_hook(**_hook_call("_k", signature, {(2,): 128}, [0]))
     assert knobs.runtime.jit_cache_hook is before
+    assert startup[0] == Compilation("_k", frozenset({"x: *bf16", "n: i32", "BLOCK=64",
+                                                      "x %16", "n %16"}))
+    with triton_compiles() as later:  # n no longer divisible by 16, at BLOCK 64
+        knobs.runtime.jit_cache_hook(**_hook_call("_k", signature, {(2,): 64}, [0]))
+        knobs.runtime.jit_cache_hook(**_hook_call("_other", {"y": "*fp32"}, {}, []))
+    assert later[0].unlike(startup) == ["not n %16"]  # closer to BLOCK 64 than to BLOCK 128
+    assert later[1].unlike(startup) == ["y: *fp32"]
+    # an int argument equal to 1 is a compile-time constant: it sets the variant apart
+    one = _compilation(_hook_call("_k", {"x": "*bf16", "n": "constexpr", "BLOCK": "constexpr"},
+                                  {(1,): 1, (2,): 64}, [0]))
+    assert one.unlike(startup) == ["n=1", "not n %16", "not n: i32"]

@@ -105,7 +105,9 @@ def test_every_warm_up_step_runs(tiny_model: Callable[[str], LoadedModel], kind:
 
 def test_sampler_warm_up_launches_every_sampling_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sampler's warm-up reaches both Triton sampling kernels (penalties and the draw),
-    so that their compilation falls in the start-up, not in the first request."""
+    and the draw on both types of scores it meets (the model's logits, the fp32 scores of a
+    batch with penalties), so that their compilation falls in the start-up, not in the first
+    request."""
     from ninfer_runtime.engine.device_setup import warm_up_sampler
     from ninfer_runtime.ops import sampling
 
@@ -113,7 +115,9 @@ def test_sampler_warm_up_launches_every_sampling_kernel(monkeypatch: pytest.Monk
     launched = []
     for name in ("_launch_penalties", "_launch_sample"):
         launch = getattr(sampling, name)
-        monkeypatch.setattr(sampling, name, lambda *a, _f=launch, _n=name, **k: (
-            launched.append(_n), _f(*a, **k))[1])
+        monkeypatch.setattr(sampling, name, lambda scores, *a, _f=launch, _n=name, **k: (
+            launched.append((_n, scores.dtype)), _f(scores, *a, **k))[1])
     warm_up_sampler(torch.randn(3, 300).bfloat16())
-    assert sorted(launched) == ["_launch_penalties", "_launch_sample"]
+    assert sorted(launched, key=str) == [("_launch_penalties", torch.bfloat16),
+                                         ("_launch_sample", torch.bfloat16),
+                                         ("_launch_sample", torch.float32)]

@@ -104,20 +104,52 @@ def _sync(engine: Engine) -> None:
         torch.cuda.synchronize(engine.model.device)
 
 
+@dataclass(frozen=True)
+class Compilation:
+    """One kernel variant Triton compiled: its name and specialization, each item an argument's
+    type (`q: *bf16`), its compile-time value (`BLOCK_M=64`, also an int argument equal to 1)
+    or its 16-divisibility (`stride_qt %16`)."""
+
+    kernel: str
+    spec: frozenset[str]
+
+    def unlike(self, others: Sequence[Compilation]) -> list[str]:
+        """What sets this variant apart from the closest of `others` of the same kernel (all
+        of it when there is none): its own items, then `not ...` for the closest one's."""
+        same = [o.spec for o in others if o.kernel == self.kernel]
+        closest = min(same, key=lambda o: len(o ^ self.spec), default=frozenset())
+        return sorted(self.spec - closest) + [f"not {item}" for item in sorted(closest - self.spec)]
+
+
+def _compilation(hook_kwargs: dict) -> Compilation:
+    """The Compilation a `jit_cache_hook` call describes (Triton 3.6-3.9 pass the signature,
+    the constants and the attributes by argument index); the hook's own summary if not."""
+    try:
+        fn, job = hook_kwargs["fn"], hook_kwargs["compile"]
+        names = list(job["signature"])
+        constants = job["constants"]
+        spec = {f"{name}={constants[(i,)]}" if kind == "constexpr" else f"{name}: {kind}"
+                for i, (name, kind) in enumerate(job["signature"].items())}
+        spec |= {f"{names[index[0]]} %16" for index in job["configs"][0]}
+        return Compilation(fn.name, frozenset(spec))
+    except (KeyError, AttributeError, IndexError, TypeError):
+        return Compilation(str(hook_kwargs.get("repr", "?")), frozenset())
+
+
 @contextmanager
-def triton_compiles() -> Iterator[list[str]]:
-    """The Triton kernels compiled inside the block, by name and specialization (each a
-    kernel variant the process had not compiled before: what a warmed-up engine should never
-    meet while serving). Empty without Triton."""
-    compiled: list[str] = []
+def triton_compiles() -> Iterator[list[Compilation]]:
+    """The Triton kernel variants compiled inside the block (each one the process had not
+    compiled before: what a warmed-up engine should never meet while serving). Empty without
+    Triton."""
+    compiled: list[Compilation] = []
     try:
         from triton import knobs
     except ImportError:
         yield compiled
         return
 
-    def record(*args: object, **kwargs: object) -> bool:
-        compiled.append(str(kwargs.get("repr", "?")))
+    def record(**kwargs: object) -> bool:
+        compiled.append(_compilation(kwargs))
         return False  # compile as usual
 
     previous = knobs.runtime.jit_cache_hook
@@ -245,7 +277,9 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
                                    "tok_s": length / seconds, "ceiling_tok_s": ceiling,
                                    "ratio": length / seconds / ceiling})
             if compiled:
-                report["compiles"][f"{what} {length}"] = compiled
+                report["compiles"][f"{what} {length}"] = [
+                    f"{c.kernel}: {', '.join(c.unlike(startup_compiles)) or 'as at start-up'}"
+                    for c in compiled]
         for c in concurrency:
             d = measure_decode(engine, length, c, decode_tokens)
             step_bytes = fp.weight_bytes + c * (length * fp.kv_bytes_per_token
@@ -283,8 +317,9 @@ def markdown(report: dict, top: int = 15) -> str:
         lines += [f"| `{name[:70]}` | {us:.1f} | {100 * us / total:.1f}% |"
                   for name, us in rows[:top]]
     for key, compiled in report.get("compiles", {}).items():
-        lines += ["", f"Triton compilations during {key} (after the start-up warm-up):", ""]
-        lines += [f"- `{name[:300]}`" for name in compiled]
+        lines += ["", f"Triton compilations during {key}, each with what sets it apart from "
+                  "the closest variant the start-up compiled:", ""]
+        lines += [f"- `{line[:400]}`" for line in compiled]
     if report.get("memory_plan"):
         lines += ["", "```", report["memory_plan"], "```"]
     return "\n".join(lines) + "\n"
