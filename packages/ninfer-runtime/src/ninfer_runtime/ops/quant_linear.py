@@ -263,13 +263,15 @@ class DecodePlan:
 # scheduler, which issue 0.52 instructions a cycle and move 1.76 TB/s; the BN 64 config, 3
 # programs per SM, moved 1.97. So the configs trade instructions per weight for resident
 # programs (sm_90 SASS at 8 rows, `scripts/sass_report.py`, no spills; per weight /
-# programs per SM): nvfp4 BN 128 2 dots 3.15 / 2, 8 dots (4 stages) 3.31 / 3, BN 64 4 dots
-# 3.89 / 4, 8 dots 4.09 / 5; groupwise-int BN 128 2 dots 2.60 / 4, 8 dots 3.12 / 5, BN 64
-# 3.92 / 9. BK is a multiple of 128 (one groupwise-int group) and >= 128 (tl.dot needs
-# BK/8 >= 16). The tuner times them all on the GPU; the interpreter runs one.
+# programs per SM): nvfp4 BN 128 2 dots 3.15 / 2, 8 dots (4 stages) 3.31 / 3, at BK 128 2
+# dots 3.53 / 4, BN 64 4 dots 3.89 / 4, 8 dots 4.09 / 5; groupwise-int BN 128 2 dots 2.60 /
+# 4, 8 dots 3.12 / 5, BN 64 3.92 / 9. BK is a multiple of 128 (one groupwise-int group) and
+# >= 128 (tl.dot needs BK/8 >= 16). The tuner times them all on the GPU; the interpreter
+# runs one.
 DECODE_CONFIGS = {
-    _NVFP4_ID: [DecodeConfig(bn, 256, w, s, d) for bn, w, s, d in (
-        (128, 4, 3, 2), (128, 4, 4, 8), (64, 4, 4, 4), (64, 4, 4, 8))],
+    _NVFP4_ID: [DecodeConfig(bn, bk, w, s, d) for bn, bk, w, s, d in (
+        (128, 256, 4, 3, 2), (128, 256, 4, 4, 8), (128, 128, 4, 4, 2), (64, 256, 4, 4, 4),
+        (64, 256, 4, 4, 8))],
     _INT_ID: [DecodeConfig(bn, _GROUP_BK, w, s, d) for bn, w, s, d in (
         (128, 4, 4, 2), (128, 4, 6, 2), (128, 4, 4, 8), (64, 4, 4, 2))],
 }
