@@ -10,7 +10,13 @@ import pytest
 from click.testing import CliRunner
 
 from ninfer_bench.cli import main
-from ninfer_bench.engine_bench import Compilation, _compilation, footprint, triton_compiles
+from ninfer_bench.engine_bench import (
+    Compilation,
+    Footprint,
+    _compilation,
+    footprint,
+    triton_compiles,
+)
 from ninfer_runtime.models.loading import load_artifact
 
 
@@ -56,6 +62,19 @@ def test_footprint_counts_the_weights_one_token_reads(artifact: Path) -> None:
     assert fp.weight_bytes > cfg.vocab_size * cfg.hidden_size // 2  # at least the 4-bit lm_head
     assert fp.active_params > cfg.num_layers * cfg.hidden_size**2
     assert fp.state_bytes > 0 and fp.kv_bytes_per_token > 0
+
+
+def test_step_weight_bytes_count_each_routed_expert_once() -> None:
+    """An MoE step reads the experts its rows route to once each: with uniform routing, 8 of
+    256 for one row, 256 * (1 - (1 - 8/256)^8) = 57.4 for eight; a dense model's step reads
+    the same weights whatever its rows."""
+    moe = Footprint(weight_bytes=1000, active_params=0, kv_bytes_per_token=0, state_bytes=0,
+                    expert_bytes=10, num_experts=256, top_k=8)
+    assert moe.step_weight_bytes(1) == pytest.approx(1000)
+    assert moe.step_weight_bytes(8) == pytest.approx(1000 + (57.42083 - 8) * 10, rel=1e-6)
+    assert moe.step_weight_bytes(10_000) == pytest.approx(1000 + 248 * 10)
+    dense = Footprint(weight_bytes=1000, active_params=0, kv_bytes_per_token=0, state_bytes=0)
+    assert dense.step_weight_bytes(8) == 1000
 
 
 @pytest.mark.parametrize("spec", ["none", "mtp"])
