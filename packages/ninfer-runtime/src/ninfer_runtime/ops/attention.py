@@ -236,23 +236,39 @@ def launch_plan(num_tokens: int, num_seqs: int, group: int, nkv: int, num_sms: i
     return _AttentionPlan(block_m, block_q, blocks, num_splits)
 
 
-# (BLOCK_N, num_warps, num_stages) candidates. Compiled offline for sm_90 (head_dim 256, INT8
-# KV) none spills registers on 16-row decode tiles; 128-row prompt tiles need 8 warps (with 4
-# they spill kilobytes), which _prune_configs enforces.
-_TUNE_SPACE = ((32, 8, 3), (32, 4, 2), (32, 4, 3), (64, 8, 2), (16, 8, 3))
+# (BLOCK_N, num_warps, num_stages, PREFETCH) candidates. Compiled offline for sm_90 (head_dim
+# 256, INT8 KV) none spills registers on 16-row decode tiles; 128-row prompt tiles need 8 warps
+# (with 4 they spill kilobytes), which _prune_configs enforces.
+#
+# PREFETCH (decode tiles only): the K and V tiles of the next iteration are loaded while this
+# one computes. Triton's pipeliner does not stage these loads (their addresses come from the
+# page table, loaded in the same iteration: the sm_90 build has 1 KB of shared memory and
+# loads KV straight into registers), so without it every iteration waits out a global load
+# latency, at one or two programs per SM. The H200 measured 15-28% of bandwidth for INT8 KV
+# decode. In the sm_90 SASS (BLOCK_N 32, 8 warps) prefetching also changes how the tiles
+# reach the MMA (ldmatrix instead of shared-memory loads per element): 565 instead of 711
+# loop instructions, 146 registers instead of 141. At 4 warps it needs 242 registers, so the
+# prefetching candidates are the ones that stay near 150, and both kinds are timed.
+_TUNE_SPACE = ((32, 8, 3, False), (32, 4, 2, False), (32, 4, 3, False), (64, 8, 2, False),
+               (16, 8, 3, False), (32, 8, 1, True), (16, 4, 1, True), (16, 8, 1, True))
 
 
 def _configs() -> list[triton.Config]:
     """Autotuning candidates; the interpreter gets one (it is slow and has nothing to tune)."""
     if INTERPRET:
-        return [triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in _TUNE_SPACE]
+        return [triton.Config({"BLOCK_N": 32, "PREFETCH": False}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_N": n, "PREFETCH": f}, num_warps=w, num_stages=s)
+            for n, w, s, f in _TUNE_SPACE]
 
 
 def _prune_configs(configs: list[triton.Config], named_args: dict,
                    **kwargs: object) -> list[triton.Config]:
-    """At least one warp per 16 rows of the tile (fewer run out of registers)."""
-    return [c for c in configs if c.num_warps * 16 >= kwargs["BLOCK_M"]] or configs
+    """At least one warp per 16 rows of the tile (fewer run out of registers); prefetching
+    only on decode tiles (prompt tiles are compute-bound and short of registers)."""
+    block_m = kwargs["BLOCK_M"]
+    kept = [c for c in configs if c.num_warps * 16 >= block_m
+            and not (c.kwargs["PREFETCH"] and block_m > DECODE_BLOCK_M)]
+    return kept or configs
 
 
 if triton is not None:
@@ -295,12 +311,18 @@ if triton is not None:
                    HEADS, GROUPS, GROUP, QUANT)
 
     @triton.jit
-    def _kv_tile(cache_, scales, slots, mask, head, num_heads, OUT_DTYPE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
-                 QUANT: tl.constexpr, ASM: tl.constexpr):
-        """Head `head` of the tokens in `slots` [BLOCK_N] as [BLOCK_N, HEAD_DIM] OUT_DTYPE,
-        dequantized in registers when QUANT (masked tokens read as 0; ASM: in fp16, four
-        codes per instruction, kv_quant.INT8_QUAD_PTX)."""
+    def _kv_slots(page_row, n, kv_hi, PAGE_SIZE: tl.constexpr):
+        """(the flat cache slots of key positions n, which of them are < kv_hi)."""
+        in_range = n < kv_hi
+        page = tl.load(page_row + n // PAGE_SIZE, mask=in_range, other=0)
+        return page * PAGE_SIZE + n % PAGE_SIZE, in_range
+
+    @triton.jit
+    def _kv_load(cache_, scales, slots, mask, head, num_heads, BLOCK_N: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, QUANT: tl.constexpr):
+        """Head `head` of the tokens in `slots` [BLOCK_N] as stored (masked tokens read as 0):
+        int8 codes [BLOCK_N, groups, GROUP] and their scales [BLOCK_N, groups] when QUANT,
+        else values [BLOCK_N, HEAD_DIM] (and a placeholder scale)."""
         GROUPS: tl.constexpr = HEAD_DIM // GROUP
         if QUANT:
             g = tl.arange(0, GROUPS)
@@ -309,11 +331,20 @@ if triton is not None:
             x = tl.load(cache_ + row + d, mask=mask[:, None, None], other=0)
             s = tl.load(scales + slots[:, None] * num_heads * GROUPS + head * GROUPS
                         + g[None, :], mask=mask[:, None], other=0.0)
-            x = tl.reshape(dequantize_int8_tile(x, s, ASM), (BLOCK_N, HEAD_DIM))
         else:
             d = tl.arange(0, HEAD_DIM)
             x = tl.load(cache_ + slots[:, None] * num_heads * HEAD_DIM + head * HEAD_DIM
                         + d[None, :], mask=mask[:, None], other=0.0)
+            s = 0.0
+        return x, s
+
+    @triton.jit
+    def _kv_values(x, s, OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, QUANT: tl.constexpr, ASM: tl.constexpr):
+        """A tile of `_kv_load` as [BLOCK_N, HEAD_DIM] OUT_DTYPE, dequantized in registers
+        when QUANT (ASM: in fp16, four codes per instruction, kv_quant.INT8_QUAD_PTX)."""
+        if QUANT:
+            x = tl.reshape(dequantize_int8_tile(x, s, ASM), (BLOCK_N, HEAD_DIM))
         return x.to(OUT_DTYPE)
 
     @triton.autotune(configs=_configs(),
@@ -331,7 +362,7 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
         NUM_SPLITS: tl.constexpr, QUANT: tl.constexpr, HAS_GATE: tl.constexpr,
         CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        ASM: tl.constexpr, GDC: tl.constexpr,
+        ASM: tl.constexpr, PREFETCH: tl.constexpr, GDC: tl.constexpr,
     ):
         """Program (block, kv head, split): rows r of the tile are query token r // GROUP_HEADS
         of the block and q head kv_head * GROUP_HEADS + r % GROUP_HEADS. Keys are walked over
@@ -376,13 +407,28 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        if PREFETCH:  # the first tile; each iteration then loads the next before computing
+            slots, in_range = _kv_slots(page_row, kv_lo + tl.arange(0, BLOCK_N), kv_hi,
+                                        PAGE_SIZE)
+            k_next, ks_next = _kv_load(k_cache, k_scale, slots, in_range, kv_head,
+                                       num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, QUANT)
+            v_next, vs_next = _kv_load(v_cache, v_scale, slots, in_range, kv_head,
+                                       num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, QUANT)
         for start in range(kv_lo, kv_hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             in_range = n < kv_hi
-            page = tl.load(page_row + n // PAGE_SIZE, mask=in_range, other=0)
-            slots = page * PAGE_SIZE + n % PAGE_SIZE
-            kt = _kv_tile(k_cache, k_scale, slots, in_range, kv_head, num_kv_heads,
-                          qt.dtype, BLOCK_N, HEAD_DIM, GROUP, QUANT, ASM)
+            if PREFETCH:
+                kx, ks, vx, vs = k_next, ks_next, v_next, vs_next
+                slots, ahead = _kv_slots(page_row, n + BLOCK_N, kv_hi, PAGE_SIZE)
+                k_next, ks_next = _kv_load(k_cache, k_scale, slots, ahead, kv_head,
+                                           num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, QUANT)
+                v_next, vs_next = _kv_load(v_cache, v_scale, slots, ahead, kv_head,
+                                           num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, QUANT)
+            else:
+                slots, in_range = _kv_slots(page_row, n, kv_hi, PAGE_SIZE)
+                kx, ks = _kv_load(k_cache, k_scale, slots, in_range, kv_head, num_kv_heads,
+                                  BLOCK_N, HEAD_DIM, GROUP, QUANT)
+            kt = _kv_values(kx, ks, qt.dtype, BLOCK_N, HEAD_DIM, QUANT, ASM)
             s = tl.dot(qt, tl.trans(kt), input_precision=DOT_PRECISION) * qk_scale
             seen = in_range[None, :]
             if CAUSAL:
@@ -397,8 +443,10 @@ if triton is not None:
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.exp2(s - m_safe[:, None])
             alpha = tl.exp2(m_i - m_safe)
-            vt = _kv_tile(v_cache, v_scale, slots, in_range, kv_head, num_kv_heads,
-                          qt.dtype, BLOCK_N, HEAD_DIM, GROUP, QUANT, ASM)
+            if not PREFETCH:  # V's load after the softmax's math, as K's before it
+                vx, vs = _kv_load(v_cache, v_scale, slots, in_range, kv_head, num_kv_heads,
+                                  BLOCK_N, HEAD_DIM, GROUP, QUANT)
+            vt = _kv_values(vx, vs, qt.dtype, BLOCK_N, HEAD_DIM, QUANT, ASM)
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt,
                                                 input_precision=DOT_PRECISION)
