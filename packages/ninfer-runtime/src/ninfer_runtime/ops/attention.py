@@ -352,7 +352,12 @@ if triton is not None:
                           "HAS_WINDOW"],
                      prune_configs_by={"early_config_prune": _prune_configs},
                      cache_results=True)
-    @triton.jit
+    # Triton compiles a variant per value class of an int argument (== 1, divisible by 16, other);
+    # these vary from step to step (the page table's width is the longest sequence's page count),
+    # so the start-up warm-up could not meet every class and a first request compiled one (the
+    # H200 engine bench, docs/perf.md). Not specializing them costs nothing measurable: they only
+    # address the page-table row and bound the splits.
+    @triton.jit(do_not_specialize=["stride_pt", "num_seqs", "min_split_tokens", "window"])
     def _paged_attention_kernel(
         q, stride_qt, stride_qh, k_cache, v_cache, k_scale, v_scale,
         page_tables, stride_pt, cu_seqlens, context_lens, num_seqs, num_kv_heads, qk_scale,
