@@ -64,3 +64,31 @@ def test_tuned_plan_off_the_gpu_takes_the_first(cache: Path) -> None:
     plan = quant_linear.tuned_plan({}, KEY, lambda: list(OPTIONS), lambda c: None,
                                    torch.device("cpu"))
     assert plan == "plan-a"
+
+
+def test_candidates_are_timed_after_evicting_the_l2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each timed replay reads a buffer twice the L2's size before the candidate runs, so the
+    candidates stream their weights from memory as in a step; times come back in order."""
+    import triton.testing
+
+    events: list[object] = []
+    l2 = 4096
+    monkeypatch.setattr(quant_linear, "_l2_bytes", lambda device: l2)
+    real_sum = torch.sum
+
+    def tracked_sum(t: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        events.append(("read", t.nbytes))
+        return real_sum(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "sum", tracked_sum)
+
+    def bench(fn, rep: int, return_mode: str) -> float:  # noqa: ANN001
+        before = len(events)
+        fn()
+        return float(len(events) - before) * 10 + len(events)
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", bench)
+    times = quant_linear._cold_times(OPTIONS, events.append, torch.device("cpu"))
+    assert events == [("read", 2 * l2), "plan-a", ("read", 2 * l2), "plan-b",
+                      ("read", 2 * l2), "plan-c"]
+    assert times == [22.0, 24.0, 26.0]

@@ -31,11 +31,15 @@ def cache_file(device: torch.device) -> Path:
     return home / "tuning" / f"{gpu}-triton{triton.__version__}.json"
 
 
+# how candidates are timed: a change (2: from a cold L2) makes every stored choice stale
+TIMING = 2
+
+
 def entry_key(key: tuple, candidates: list) -> str:
-    """The plan key without its device (the file is per GPU model), and the candidates'
-    digest."""
+    """The plan key without its device (the file is per GPU model), and a digest of the
+    candidates and of how they were timed."""
     plain = tuple(v for v in key if not isinstance(v, torch.device))
-    digest = hashlib.sha1(repr(candidates).encode()).hexdigest()[:12]
+    digest = hashlib.sha1(repr((TIMING, candidates)).encode()).hexdigest()[:12]
     return f"{plain!r}#{digest}"
 
 
