@@ -45,7 +45,7 @@ run_stage() {
     tests) timeout "${TEST_SECONDS:-300}" python3 -m pytest -q -p no:cacheprovider -rf \
              --tb=short -k "${TEST_K:-}" ${TESTS:-tests/kernels/test_linear.py tests/kernels/test_moe.py \
              tests/kernels/test_quant_decode.py tests/kernels/test_attention.py \
-             tests/kernels/test_gdn_kernels.py \
+             tests/kernels/test_gdn_kernels.py tests/kernels/test_skinny_linear.py \
              tests/engine/test_engine_graphs.py \
              tests/engine/test_engine_kernels.py} ;;
     build27) build 420 qwen3_6_27b nvfp4 ;;

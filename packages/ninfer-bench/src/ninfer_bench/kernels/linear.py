@@ -3,9 +3,10 @@
 Decode (M = 1, 2, 4, 8 tokens) streams the weight once: its ceiling is the bytes moved (packed
 codes, scales, activations in, outputs out) at the copy bandwidth, 4.24e12 B/s. Prefill
 (M = 4096) is tensor-core bound: its ceiling is 2MNK at 789e12 bf16 FLOP/s. The bf16 rows are
-F.linear (cuBLAS), the reference point on the same shapes. Random stored parts (the kernels'
-speed does not depend on the values); small matrices are rotated over several copies so that
-decode reads come from HBM, not from the 50 MB L2.
+F.linear (cuBLAS), the reference point on the same shapes; the small unquantized projections
+(in_proj_ba, the MoE router) compare cuBLAS with ops.skinny_linear. Random stored parts (the
+kernels' speed does not depend on the values); small matrices are rotated over several copies
+so that decode reads come from HBM, not from the 50 MB L2.
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ def projections(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     return {"|".join(group): shape for shape, group in names.items()}
 
 
+def small_plain_projections(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """names -> (N, K) of the unquantized projections a decode step runs (ops.skinny_linear):
+    GDN's in_proj_ba and, on an MoE, the router with the shared expert's gate."""
+    shapes = {"in_proj_ba": (2 * cfg.linear_num_value_heads, cfg.hidden_size)}
+    if cfg.is_moe:
+        shapes["router_and_gate"] = (cfg.num_experts + 1, cfg.hidden_size)
+    return shapes
+
+
 def random_weight(scheme: str, n: int, k: int, device: str, gen: torch.Generator) -> Weight:
     """A [n, k] weight with random stored parts (plausible scales; values do not matter)."""
     def rand(*shape: int) -> torch.Tensor:
@@ -89,8 +99,9 @@ def _plan(w: Weight, x: torch.Tensor) -> str:
     if not isinstance(w, PackedWeight) or x.shape[0] > quant_linear.SKINNY_MAX_M:
         return ""
     ops = quant_linear._operands(w)
-    plan = quant_linear._decode_plans.get((w.shape[0], w.shape[1], ops.layout.scheme,
-                                           x.dtype, x.device))
+    plan = quant_linear._decode_plans.get((w.shape[0], w.shape[1],
+                                           quant_linear.decode_rows(x.shape[0]),
+                                           ops.layout.scheme, x.dtype, x.device))
     if plan is None:
         return ""
     c = plan.config
@@ -146,4 +157,37 @@ def bench(device: str = "cuda") -> list[dict]:
                                      else f"{flops / (us * 1e-6) / 1e12:.0f} TFLOP/s"),
                     })
                 del ws, first
+        if not schemes or "bf16" in schemes:
+            rows += _small_plain(label, get_profile(profile).config, device, gen)
+    return rows
+
+
+def _small_plain(label: str, cfg: ModelConfig, device: str, gen: torch.Generator
+                 ) -> list[dict]:
+    """cuBLAS (F.linear) against ops.skinny_linear on the small plain projections, decode
+    sizes, weights rotated over copies beyond the L2."""
+    import torch.nn.functional as F
+    from triton.testing import do_bench_cudagraph
+
+    from ninfer_runtime.ops.skinny_linear import skinny_linear
+
+    rows = []
+    for name, (n, k) in small_plain_projections(cfg).items():
+        ws = [random_weight("bf16", n, k, device, gen)
+              for _ in range(min(MAX_COPIES, -(-4 * L2_BYTES // (2 * n * k))))]
+        for m in DECODE_M:
+            x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
+            for kind, fn in (("cuBLAS", F.linear), ("skinny", skinny_linear)):
+                cycle = itertools.cycle(ws)
+                call = lambda fn=fn, cycle=cycle, x=x: fn(x, next(cycle))  # noqa: E731
+                call()
+                torch.cuda.synchronize()
+                us = do_bench_cudagraph(call, rep=20, return_mode="median") * 1e3
+                moved = 2 * n * k + 2 * m * (k + n)
+                rows.append({
+                    "op": f"linear bf16 {kind}", "shape": f"{label} {name} M={m} N={n} K={k}",
+                    "time_us": us, "bytes": moved, "flops": 2 * m * n * k,
+                    "ratio_to_ceiling": moved / BANDWIDTH / (us * 1e-6),
+                    "ceiling": f"{BANDWIDTH:.3g} B/s",
+                    "achieved": f"{moved / (us * 1e-6) / 1e12:.2f} TB/s"})
     return rows

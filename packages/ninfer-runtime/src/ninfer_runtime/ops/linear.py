@@ -3,7 +3,8 @@
 The reference (`linear_ref`) dequantizes a `PackedWeight` on every call and caches nothing.
 On the GPU a packed nvfp4 / groupwise-int weight runs the Triton kernels of `quant_linear`,
 which read the packed bytes directly (a decode GEMV for M <= 16 rows, a dequantizing
-tensor-core GEMM above); plain bf16 weights always go to F.linear (cuBLAS is their ceiling).
+tensor-core GEMM above); plain bf16 weights go to F.linear (cuBLAS is their ceiling), but for
+a few rows through a small one (`skinny_linear`: one kernel where cuBLAS launches two).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ninfer_runtime.ops import quant_linear
+from ninfer_runtime.ops import quant_linear, skinny_linear
 from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.quant import PackedWeight
 
@@ -26,13 +27,16 @@ def linear_ref(x: torch.Tensor, w: Weight) -> torch.Tensor:
 
 def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     """x [..., in] @ w[out, in]^T -> [..., out], in x.dtype (see `linear_ref`)."""
-    if not (isinstance(w, PackedWeight) and quant_linear.supports(w)
-            and use_triton(x, *w.parts.values())):
-        return linear_ref(x, w)
     rows = x.reshape(-1, x.shape[-1])
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    return quant_linear.packed_linear(rows, w).view(*x.shape[:-1], w.shape[0])
+    if isinstance(w, torch.Tensor):
+        if not skinny_linear.applies(rows, w):
+            return F.linear(x, w)
+        out = skinny_linear.skinny_linear(rows, w)
+    elif quant_linear.supports(w) and use_triton(x, *w.parts.values()):
+        out = quant_linear.packed_linear(rows if rows.stride(-1) == 1 else rows.contiguous(), w)
+    else:
+        return linear_ref(x, w)
+    return out.view(*x.shape[:-1], w.shape[0])
 
 
 def select(w: Weight, index: int) -> Weight:

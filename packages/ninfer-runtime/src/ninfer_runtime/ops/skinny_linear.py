@@ -1,0 +1,107 @@
+"""A few rows through a small plain (bf16) weight: one Triton kernel instead of cuBLAS's two.
+
+The unquantized projections a decode step runs are small: GDN's in_proj_ba ([2 x 48, 5120] on
+the 27B, 48 layers) and the MoE router with its shared-expert gate ([257, 2048] on the 35B-A3B,
+40 layers), about 1 MB each. cuBLAS runs such a GEMV as a split-K kernel and a reduce kernel:
+the H200 profile of a 27B decode step shows 222 + 69 us over the 48 in_proj_ba calls (~6 us
+for a megabyte, ~4% of bandwidth), and neither launch takes part in programmatic dependent
+launch (ops.launch). Here a program multiplies BN weight rows over one K split on tensor cores
+(the activation rows padded to 8 or 16, the dot's N); the last split of a row tile to arrive
+adds the parts in a fixed order (`quant_linear.sum_parts`), so results do not depend on
+scheduling and no second kernel runs.
+
+Registered `validated=False` (ops.dispatch) until it has passed its tests on a GPU: auto mode
+keeps F.linear, NINFER_OPS=triton runs this.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
+from ninfer_runtime.ops.launch import options
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only install: linear() runs F.linear
+    triton = None
+
+MAX_ROWS = 16  # activation rows (a decode or verify step); more take F.linear
+MAX_WEIGHT_BYTES = 4 << 20  # larger weights stream well enough through cuBLAS
+_BN = 16  # weight rows per program
+_BK = 128  # inputs per K iteration
+_PROGRAMS_PER_SM = 2
+
+
+def applies(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether x [M, K] @ w [N, K]^T is a skinny product this kernel takes on this device."""
+    return (x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype == w.dtype
+            and x.dtype in (torch.bfloat16, torch.float16) and w.dim() == 2
+            and w.stride(1) == 1 and x.stride(1) == 1
+            and w.numel() * w.element_size() <= MAX_WEIGHT_BYTES
+            and use_triton(x, w, validated=False))
+
+
+def _sms(device: torch.device) -> int:
+    return 4 if INTERPRET else torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def k_split(n: int, k: int, device: torch.device) -> tuple[int, int]:
+    """(split_len, splits): enough K splits that the row tiles fill the GPU about twice."""
+    tiles = triton.cdiv(n, _BN)
+    splits = max(1, min(triton.cdiv(_PROGRAMS_PER_SM * _sms(device), tiles), k // _BK))
+    split_len = triton.cdiv(triton.cdiv(k, splits), _BK) * _BK
+    return split_len, triton.cdiv(k, split_len)
+
+
+def skinny_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ w [N, K]^T -> [M, N] in x.dtype, fp32 accumulation (as F.linear)."""
+    from ninfer_runtime.ops.quant_linear import decode_rows, tile_counters
+
+    m, k = x.shape
+    n = w.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    split_len, splits = k_split(n, k, x.device)
+    tiles = triton.cdiv(n, _BN)
+    parts = out if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32,
+                                                device=x.device)
+    _skinny_kernel[(tiles, splits)](
+        x, w, parts, tile_counters(x.device, tiles), out, m, n, k, x.stride(0), w.stride(0),
+        split_len, BM=decode_rows(m), BN=_BN, BK=_BK, num_warps=4, **options(x.device))
+    return out
+
+
+if triton is not None:
+    from ninfer_runtime.ops.launch import wait_for_inputs
+    from ninfer_runtime.ops.quant_linear import sum_parts
+
+    @triton.jit
+    def _skinny_kernel(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, M, N, K, stride_x,
+                       stride_w, split_len, BM: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr, GDC: tl.constexpr):
+        """out[:, rows of tile pid 0] over K split pid 1 of num_programs(1)."""
+        wait_for_inputs(GDC)
+        tile = tl.program_id(0)
+        part = tl.program_id(1)
+        rows = tile * BN + tl.arange(0, BN)
+        row_ok = rows < N
+        ms = tl.arange(0, BM)
+        m_ok = ms < M
+        k_lo = part * split_len
+        k_hi = tl.minimum(K, k_lo + split_len)
+        acc = tl.zeros((BN, BM), tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            ks = k0 + tl.arange(0, BK)
+            k_ok = ks < k_hi
+            w = tl.load(w_ptr + rows.to(tl.int64)[:, None] * stride_w + ks[None, :],
+                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            xt = tl.load(x_ptr + ms[None, :] * stride_x + ks[:, None],
+                         mask=k_ok[:, None] & m_ok[None, :], other=0.0)
+            acc = tl.dot(w, xt, acc)
+        mask = m_ok[:, None] & row_ok[None, :]
+        offs = ms.to(tl.int64)[:, None] * N + rows[None, :]
+        last, total = sum_parts(tl.trans(acc), part, tl.num_programs(1), part_ptr, offs, M * N,
+                                mask, counter_ptr + tile)
+        if last:
+            tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)

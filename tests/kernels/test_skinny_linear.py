@@ -1,0 +1,67 @@
+"""The skinny plain-weight GEMV (a few rows through a small bf16 weight) against F.linear.
+
+On the CPU it runs under Triton's interpreter in fp16 (which mishandles bf16 dots), on a GPU
+in bf16. Shapes keep what matters: 1 to 16 rows (8- and 16-row tiles), row counts off the
+16-row weight tile, K off the 128-input tile, and K split over several programs whose parts
+the last to arrive adds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ninfer_runtime.ops import linear as linear_ops
+from ninfer_runtime.ops import quant_linear, skinny_linear
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16
+ATOL = 2e-2 if DEVICE == "cuda" else 2e-3  # an output rounding of bf16 / fp16
+
+
+@pytest.fixture(autouse=True)
+def kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NINFER_OPS", "triton")
+
+
+def rand(*shape: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(device=DEVICE, dtype=DTYPE)
+
+
+@pytest.mark.parametrize("m", [1, 3, 9, 16])
+@pytest.mark.parametrize(("n", "k"), [(5, 64), (96, 640), (40, 1000)])
+def test_matches_f_linear(m: int, n: int, k: int) -> None:
+    x, w = rand(m, k, seed=m), rand(n, k, seed=n + k) / k**0.5
+    split_len, splits = skinny_linear.k_split(n, k, torch.device(DEVICE))
+    assert (splits > 1) == (k >= 2 * 128)  # these shapes split whenever K allows
+    out = skinny_linear.skinny_linear(x, w)
+    torch.testing.assert_close(out, F.linear(x.float(), w.float()).to(DTYPE),
+                               atol=ATOL, rtol=1e-2)
+    # the last part of each row tile reset its arrival counter for the next call
+    assert not quant_linear.tile_counters(x.device, 8).any()
+
+
+def test_linear_takes_it_for_few_rows_through_small_plain_weights(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    kernel = skinny_linear.skinny_linear
+    monkeypatch.setattr(skinny_linear, "skinny_linear",
+                        lambda x, w: calls.append(x.shape[0]) or kernel(x, w))
+    w = rand(24, 256, seed=1)
+    for rows in (1, 16, 17):
+        out = linear_ops.linear(rand(rows, 256, seed=rows), w)
+        assert out.shape == (rows, 24)
+    linear_ops.linear(rand(2, 256, seed=0).float(), w.float())  # fp32 stays with F.linear
+    assert calls == [1, 16]
+    big = torch.zeros(skinny_linear.MAX_WEIGHT_BYTES // 2 // 256 + 1, 256, dtype=DTYPE,
+                      device=DEVICE)
+    assert not skinny_linear.applies(rand(1, 256, seed=0), big)
+
+
+def test_auto_mode_keeps_f_linear_until_validated_on_a_gpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NINFER_OPS", "auto")
+    x, w = rand(1, 256, seed=0), rand(24, 256, seed=1)
+    assert not skinny_linear.applies(x.cpu(), w.cpu())
