@@ -130,3 +130,4 @@ def test_triton_compiles_records_each_variant_and_what_sets_it_apart() -> None:
     one = _compilation(_hook_call("_k", {"x": "*bf16", "n": "constexpr", "BLOCK": "constexpr"},
                                   {(1,): 1, (2,): 64}, [0]))
     assert one.unlike(startup) == ["n=1", "not n %16", "not n: i32"]
+

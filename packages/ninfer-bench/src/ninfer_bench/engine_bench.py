@@ -13,8 +13,9 @@ serving suites measure the whole stack). For each context length L:
   ceiling = C x bandwidth / bytes one step reads (the weights its rows use, an MoE's routed
   experts once each (`Footprint.step_weight_bytes`), + C x (the KV of L tokens + the GDN
   state read and written));
-- where the time goes: one eager decode step per C under torch.profiler, CUDA kernel time
-  summed by kernel name (the graphs are replayed otherwise, which hides their kernels).
+- where the time goes: the prefill of L tokens and one eager decode step per C under
+  torch.profiler, CUDA kernel time summed by kernel name (decode graphs are replayed
+  otherwise, which hides their kernels).
 
 With a speculative mode (`spec`), a decode step is one round: the verify of K+1 tokens per
 request and the proposer's drafts. Random weights accept almost nothing, so the figure that
@@ -255,6 +256,21 @@ def kernel_breakdown(engine: Engine, length: int, concurrency: int) -> list[tupl
         engine.graphs = graphs
     while engine.has_unfinished():
         engine.step()
+    return _by_kernel(prof)
+
+
+def prefill_breakdown(engine: Engine, length: int) -> list[tuple[str, float]]:
+    """CUDA time (us) per kernel name over the prefill of a lone request of `length` tokens,
+    all its chunks (prompt steps run eagerly, so this is what they run)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        measure_prefill(engine, length)
+    return _by_kernel(prof)
+
+
+def _by_kernel(prof: object) -> list[tuple[str, float]]:
+    """A profile's CUDA time (us) summed per kernel name, largest first."""
     totals: dict[str, float] = defaultdict(float)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
@@ -298,6 +314,8 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
                 report["compiles"][f"{what} {length}"] = [
                     f"{c.kernel}: {', '.join(c.unlike(startup_compiles)) or 'as at start-up'}"
                     for c in compiled]
+        if breakdown:
+            report["breakdown"][f"prefill of {length} tokens"] = prefill_breakdown(engine, length)
         for c in concurrency:
             d = measure_decode(engine, length, c, decode_tokens)
             rows = c * (1 + (draft_tokens if spec != "none" else 0))
@@ -312,7 +330,8 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
                                    "steps": d.steps, "graph_steps": d.graph_steps,
                                    "draft_graph_runs": d.draft_graph_runs})
             if breakdown:
-                report["breakdown"][f"ctx{length}_c{c}"] = kernel_breakdown(engine, length, c)
+                report["breakdown"][f"eager decode step ctx{length}_c{c}"] = \
+                    kernel_breakdown(engine, length, c)
     return report
 
 
@@ -331,7 +350,7 @@ def markdown(report: dict, top: int = 15) -> str:
                      f"| {graphed} |")
     for key, rows in report["breakdown"].items():
         total = sum(us for _, us in rows)
-        lines += ["", f"eager decode step {key}: {total:.0f} us of kernels", "",
+        lines += ["", f"{key}: {total:.0f} us of kernels", "",
                   "| kernel | us | share |", "|---|---|---|"]
         lines += [f"| `{name[:70]}` | {us:.1f} | {100 * us / total:.1f}% |"
                   for name, us in rows[:top]]
