@@ -639,6 +639,18 @@ if triton is not None:
         return tl.trans(acc)
 
     @triton.jit
+    def split_program(M, N, K, split_len, BM: tl.constexpr, BN: tl.constexpr):
+        """A (row tile, K split) program of a skinny product out [M, N] = x [M, K] @ w^T:
+        (tile, split, its BN weight rows and which exist, its BM activation rows and which
+        exist, its inputs [k_lo, k_hi))."""
+        tile = tl.program_id(0)
+        split = tl.program_id(1)
+        rows = tile * BN + tl.arange(0, BN)
+        ms = tl.arange(0, BM)
+        k_lo = split * split_len
+        return tile, split, rows, rows < N, ms, ms < M, k_lo, tl.minimum(K, k_lo + split_len)
+
+    @triton.jit
     def sum_parts(acc, part, parts, part_ptr, offs, part_stride, mask, counter_ptr):
         """(whether this program holds the whole sum, that sum) of a tile computed in `parts`
         parts, this program's being acc (part `part`): each part is stored at part_ptr + part *
@@ -688,14 +700,8 @@ if triton is not None:
         over K split pid 1 of num_programs(1) (`_finish_tile` adds the splits)."""
         wait_for_inputs(GDC)
         tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
-        tile = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        rows = tile * BN + tl.arange(0, BN)
-        row_ok = rows < N
-        ms = tl.arange(0, BM)
-        m_ok = ms < M
-        k_lo = pid_k * split_len
-        k_hi = tl.minimum(K, k_lo + split_len)
+        tile, pid_k, rows, row_ok, ms, m_ok, k_lo, k_hi = split_program(M, N, K, split_len,
+                                                                        BM, BN)
         acc = tl.zeros((BN, BM), tl.float32)
         for k0 in range(k_lo, k_hi, BK):
             acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr,

@@ -74,7 +74,7 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 if triton is not None:
     from ninfer_runtime.ops.launch import wait_for_inputs
-    from ninfer_runtime.ops.quant_linear import sum_parts
+    from ninfer_runtime.ops.quant_linear import split_program, sum_parts
 
     @triton.jit
     def _skinny_kernel(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, M, N, K, stride_x,
@@ -82,14 +82,8 @@ if triton is not None:
                        BK: tl.constexpr, GDC: tl.constexpr):
         """out[:, rows of tile pid 0] over K split pid 1 of num_programs(1)."""
         wait_for_inputs(GDC)
-        tile = tl.program_id(0)
-        part = tl.program_id(1)
-        rows = tile * BN + tl.arange(0, BN)
-        row_ok = rows < N
-        ms = tl.arange(0, BM)
-        m_ok = ms < M
-        k_lo = part * split_len
-        k_hi = tl.minimum(K, k_lo + split_len)
+        tile, part, rows, row_ok, ms, m_ok, k_lo, k_hi = split_program(M, N, K, split_len, BM,
+                                                                       BN)
         acc = tl.zeros((BN, BM), tl.float32)
         for k0 in range(k_lo, k_hi, BK):
             ks = k0 + tl.arange(0, BK)
