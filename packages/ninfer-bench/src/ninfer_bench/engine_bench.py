@@ -179,6 +179,29 @@ def triton_compiles() -> Iterator[list[Compilation]]:
         knobs.runtime.jit_cache_hook = previous
 
 
+def tuned_choices() -> list[str]:
+    """What the start-up's tuning picked, a line each: every decode GEMV plan (weight N x K,
+    row tile), MoE expert stage plan and paged-attention config (its autotune key), so a
+    report shows which candidates win and which are never chosen."""
+    from ninfer_runtime.ops import attention, moe, quant_linear
+
+    lines = []
+    for (n, k, rows, *_), plan in quant_linear._decode_plans.items():
+        c = plan.config
+        lines.append(f"decode GEMV {n} x {k}, {rows}-row tile: BN {c.bn} BK {c.bk}, "
+                     f"{c.warps} warps, {c.stages} stages, {c.dots} dots, {plan.splits} splits")
+    for (tokens, top_k, n, k, _, swiglu, *_), stage in moe._stage_plans.items():
+        c = stage.config
+        lines.append(f"MoE {'gate_up' if swiglu else 'down'} stage {n} x {k}, {tokens} tokens "
+                     f"x top-{top_k}: BN {c.bn} BK {c.bk}, {c.warps} warps, {c.stages} "
+                     f"stages, {c.dots} dots, {stage.splits} splits")
+    names = attention._paged_attention_kernel.keys
+    for key, config in getattr(attention._paged_attention_kernel, "cache", {}).items():
+        shown = ", ".join(f"{name} {value}" for name, value in zip(names, key, strict=False))
+        lines.append(f"paged attention {shown}: {config}")
+    return lines
+
+
 def measure_prefill(engine: Engine, length: int) -> float:
     """Seconds from the first step of a lone request of `length` tokens to its first token."""
     engine.add_request(_request(f"prefill-{length}", length, 1, engine.model_config.vocab_size))
@@ -297,6 +320,7 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
                     "startup_s": time.perf_counter() - start,
                     "memory_plan": engine.memory_plan.table() if engine.memory_plan else None,
                     "startup_compiles": len(startup_compiles), "compiles": {},
+                    "tuned": tuned_choices(),
                     "rows": [], "breakdown": {}}
     fp = footprint(engine.model, kv_dtype)
     report["footprint"] = fp.__dict__
@@ -358,6 +382,8 @@ def markdown(report: dict, top: int = 15) -> str:
         lines += ["", f"Triton compilations during {key}, each with what sets it apart from "
                   "the closest variant the start-up compiled:", ""]
         lines += [f"- `{line[:400]}`" for line in compiled]
+    if report.get("tuned"):
+        lines += ["", "Tuned at start-up:", ""] + [f"- {line}" for line in report["tuned"]]
     if report.get("memory_plan"):
         lines += ["", "```", report["memory_plan"], "```"]
     return "\n".join(lines) + "\n"
