@@ -37,8 +37,10 @@ def main() -> None:
     prefix = "Qwen3_5Moe" if moe else "Qwen3_5"
     config = getattr(transformers, f"{prefix}TextConfig")(**text)
     torch.manual_seed(0)
+    # built in bf16 directly: a 27B made in fp32 first (108 GB) and then cast would not fit
+    torch.set_default_dtype(torch.bfloat16)
     with device:
-        model = getattr(transformers, f"{prefix}ForCausalLM")(config).to(torch.bfloat16).eval()
+        model = getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
     prompt = torch.randint(0, min(100_000, config.vocab_size), (1, args.context), device=device)
 
     def sync() -> None:
