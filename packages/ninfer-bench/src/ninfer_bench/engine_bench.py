@@ -26,7 +26,7 @@ C); tokens per round at a given acceptance then give the throughput.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -319,7 +319,10 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
     report: dict = {"artifact": artifact, "spec": mode,
                     "startup_s": time.perf_counter() - start,
                     "memory_plan": engine.memory_plan.table() if engine.memory_plan else None,
-                    "startup_compiles": len(startup_compiles), "compiles": {},
+                    "startup_compiles": len(startup_compiles),
+                    "startup_compiles_by_kernel": dict(Counter(
+                        c.kernel for c in startup_compiles).most_common()),
+                    "compiles": {},
                     "tuned": tuned_choices(),
                     "rows": [], "breakdown": {}}
     fp = footprint(engine.model, kv_dtype)
@@ -362,7 +365,10 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
 def markdown(report: dict, top: int = 15) -> str:
     lines = [f"artifact `{report['artifact']}`, spec {report['spec']}, "
              f"startup {report['startup_s']:.1f} s "
-             f"({report.get('startup_compiles', 0)} Triton compilations)", "",
+             f"({report.get('startup_compiles', 0)} Triton compilations: "
+             + (", ".join(f"{name} {n}" for name, n in
+                          report.get("startup_compiles_by_kernel", {}).items()) or "none")
+             + ")", "",
              "| what | context | C | tok/s | ceiling tok/s | ratio | ms/step | tokens/step "
              "| graphed steps |",
              "|---|---|---|---|---|---|---|---|---|"]
