@@ -450,8 +450,13 @@ if triton is not None:
         The state tile is loaded first (the only large transfer), stays in registers across
         the segment's tokens and is stored once (or once per token to its snapshot slot).
         Each program recomputes its k-head's q and k (conv + l2norm, a few KiB from L2).
+
+        With PDL the state tile (and the step's segment bounds and slots, copied in before
+        the step's first kernel) is loaded before `wait_for_inputs`, while the predecessor
+        still runs: nothing the predecessor writes is read until the wait, and the state was
+        last written a step earlier, by a kernel that finished before this one launched (see
+        ops.launch).
         """
-        wait_for_inputs(GDC)
         NVB: tl.constexpr = DV // BV
         tl.static_assert(DV % BV == 0, "the state tiles are unmasked: BV must divide DV")
         pid, seq = tl.program_id(0), tl.program_id(1)
@@ -459,12 +464,14 @@ if triton is not None:
         kh = h // GROUP
         lo, hi = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
         if hi <= lo:  # a padding entry: its slot may be shared, nothing is read or written
+            wait_for_inputs(GDC)
             return
         slot = tl.load(slot_ptr + seq)
         dk = tl.arange(0, DK)
         dv = (pid % NVB) * BV + tl.arange(0, BV)
         tile = h * stride_sh + dk[:, None] * DV + dv[None, :]  # [DK, BV] of the head's state
         s = tl.load(states_ptr + slot * stride_ss + tile)
+        wait_for_inputs(GDC)
         conv_slot = conv_ptr + slot * stride_cs
         qch = kh * DK + dk
         kch = key_dim + qch
