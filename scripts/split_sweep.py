@@ -18,12 +18,13 @@ import argparse
 import os
 
 import torch
-from triton.testing import do_bench_cudagraph
 
 from ninfer_bench.kernels.linear import (
     BANDWIDTH,
     MODELS,
+    _copies,
     _rotating,
+    _timed,
     projections,
     random_weight,
     weight_bytes,
@@ -46,17 +47,14 @@ def main() -> None:
         for scheme in args.schemes.split(","):
             first = random_weight(scheme, n, k, "cuda", gen)
             size = weight_bytes(first)
-            copies = max(1, -(-4 * 50 * 2**20 // size))
-            ws = [first] + [random_weight(scheme, n, k, "cuda", gen) for _ in range(copies - 1)]
+            ws = [first] + [random_weight(scheme, n, k, "cuda", gen)
+                            for _ in range(_copies(size) - 1)]
             for m in (int(v) for v in args.m.split(",")):
                 x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
                 for target in targets:
                     ql.SPLIT_TARGETS = (target,)
                     ql._decode_plans.clear()
-                    call = _rotating(ws, x)
-                    call()  # tune the config for this split
-                    torch.cuda.synchronize()
-                    us = do_bench_cudagraph(call, rep=20, return_mode="median") * 1e3
+                    us = _timed(_rotating(ws, x))  # its first call tunes for this split
                     moved = size + 2 * m * (k + n)
                     [plan] = ql._decode_plans.values()
                     cfg = plan.config

@@ -292,3 +292,17 @@ def test_decode_dots(scheme: str, dots: int) -> None:
                 check(out, x, w)
                 # the last part of each tile reset its arrival counter for the next call
                 assert not quant_linear.tile_counters(x.device, 1).any()
+
+
+def test_chosen_decode_plan_is_the_one_the_call_tuned() -> None:
+    """The plan a decode call settled on is found again by weight and activation rows (per
+    row tile: 8 rows and 16 rows are tuned apart)."""
+    w = packed("nvfp4", 48, 512)
+    x = rand(3, 512, dtype=HALF)
+    assert quant_linear.chosen_decode_plan(w, x) is None
+    quant_linear.packed_linear(x, w)
+    plan = quant_linear.chosen_decode_plan(w, x)
+    assert plan is not None and plan in quant_linear.decode_candidates(
+        48, 512, 0, torch.device(DEVICE))
+    assert quant_linear.chosen_decode_plan(w, rand(8, 512, dtype=HALF)) is plan
+    assert quant_linear.chosen_decode_plan(w, rand(9, 512, dtype=HALF)) is None

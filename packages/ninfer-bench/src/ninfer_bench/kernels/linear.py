@@ -86,10 +86,38 @@ def weight_bytes(w: Weight) -> int:
     return sum(p.numel() * p.element_size() for p in parts)
 
 
-def _rotating(ws: list[Weight], x: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """A call of linear on the next weight copy each time (defeats L2 for small matrices)."""
+def _copies(size: int) -> int:
+    """Copies of a weight of `size` bytes that together exceed the L2 four times."""
+    return min(MAX_COPIES, max(1, -(-4 * L2_BYTES // size)))
+
+
+def _rotating(ws: list[Weight], x: torch.Tensor,
+              fn: Callable[[torch.Tensor, Weight], torch.Tensor] = linear
+              ) -> Callable[[], torch.Tensor]:
+    """A call of fn(x, w) on the next weight copy each time (defeats L2 for small
+    matrices)."""
     cycle = itertools.cycle(ws)
-    return lambda: linear(x, next(cycle))
+    return lambda: fn(x, next(cycle))
+
+
+def _timed(call: Callable[[], torch.Tensor]) -> float:
+    """Median microseconds of call as CUDA-graph replays, after a first call outside the
+    capture (which compiles and tunes)."""
+    from triton.testing import do_bench_cudagraph
+
+    call()
+    torch.cuda.synchronize()
+    return do_bench_cudagraph(call, rep=20, return_mode="median") * 1e3
+
+
+def _row(op: str, shape: str, us: float, moved: int, flops: int, decode: bool) -> dict:
+    """One result: decode against the bandwidth ceiling, prefill against the FLOP one."""
+    ratio = (moved / BANDWIDTH if decode else flops / FLOPS) / (us * 1e-6)
+    return {"op": op, "shape": shape, "time_us": us, "bytes": moved, "flops": flops,
+            "ratio_to_ceiling": ratio,
+            "ceiling": f"{BANDWIDTH:.3g} B/s" if decode else f"{FLOPS:.3g} FLOP/s",
+            "achieved": (f"{moved / (us * 1e-6) / 1e12:.2f} TB/s" if decode
+                         else f"{flops / (us * 1e-6) / 1e12:.0f} TFLOP/s")}
 
 
 def _plan(w: Weight, x: torch.Tensor) -> str:
@@ -98,10 +126,7 @@ def _plan(w: Weight, x: torch.Tensor) -> str:
 
     if not isinstance(w, PackedWeight) or x.shape[0] > quant_linear.SKINNY_MAX_M:
         return ""
-    ops = quant_linear._operands(w)
-    plan = quant_linear._decode_plans.get((w.shape[0], w.shape[1],
-                                           quant_linear.decode_rows(x.shape[0]),
-                                           ops.layout.scheme, x.dtype, x.device))
+    plan = quant_linear.chosen_decode_plan(w, x)
     if plan is None:
         return ""
     c = plan.config
@@ -116,8 +141,6 @@ def bench(device: str = "cuda") -> list[dict]:
     """
     if torch.device(device).type != "cuda":
         raise ValueError(f"the linear kernel benchmark needs a CUDA device, not {device!r}")
-    from triton.testing import do_bench_cudagraph
-
     # NINFER_BENCH_MODELS=27B / NINFER_BENCH_SCHEMES=nvfp4,bf16 narrow a run (GPU time is dear)
     models = [m for m in os.environ.get("NINFER_BENCH_MODELS", "").split(",") if m]
     schemes = [s for s in os.environ.get("NINFER_BENCH_SCHEMES", "").split(",") if s]
@@ -132,30 +155,16 @@ def bench(device: str = "cuda") -> list[dict]:
                     continue
                 first = random_weight(scheme, n, k, device, gen)
                 size = weight_bytes(first)
-                copies = min(MAX_COPIES, max(1, -(-4 * L2_BYTES // size)))
                 ws = [first] + [random_weight(scheme, n, k, device, gen)
-                                for _ in range(copies - 1)]
+                                for _ in range(_copies(size) - 1)]
                 # lm_head is only applied to the last token of a prefill: no prefill row
                 ms = DECODE_M if "lm_head" in name else (*DECODE_M, PREFILL_M)
                 for m in ms:
                     x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
-                    call = _rotating(ws, x)
-                    call()  # compile and autotune outside the graph capture
-                    torch.cuda.synchronize()
-                    us = do_bench_cudagraph(call, rep=20, return_mode="median") * 1e3
-                    moved = size + 2 * m * (k + n)
-                    flops = 2 * m * n * k
-                    decode = m in DECODE_M
-                    ratio = (moved / BANDWIDTH if decode else flops / FLOPS) / (us * 1e-6)
-                    rows.append({
-                        "op": f"linear {scheme}",
-                        "shape": f"{label} {name} M={m} N={n} K={k}{_plan(first, x)}",
-                        "time_us": us, "bytes": moved, "flops": flops,
-                        "ratio_to_ceiling": ratio,
-                        "ceiling": f"{BANDWIDTH:.3g} B/s" if decode else f"{FLOPS:.3g} FLOP/s",
-                        "achieved": (f"{moved / (us * 1e-6) / 1e12:.2f} TB/s" if decode
-                                     else f"{flops / (us * 1e-6) / 1e12:.0f} TFLOP/s"),
-                    })
+                    us = _timed(_rotating(ws, x))
+                    rows.append(_row(f"linear {scheme}",
+                                     f"{label} {name} M={m} N={n} K={k}{_plan(first, x)}", us,
+                                     size + 2 * m * (k + n), 2 * m * n * k, m in DECODE_M))
                 del ws, first
         if not schemes or "bf16" in schemes:
             rows += _small_plain(label, get_profile(profile).config, device, gen)
@@ -167,27 +176,16 @@ def _small_plain(label: str, cfg: ModelConfig, device: str, gen: torch.Generator
     """cuBLAS (F.linear) against ops.skinny_linear on the small plain projections, decode
     sizes, weights rotated over copies beyond the L2."""
     import torch.nn.functional as F
-    from triton.testing import do_bench_cudagraph
 
     from ninfer_runtime.ops.skinny_linear import skinny_linear
 
     rows = []
     for name, (n, k) in small_plain_projections(cfg).items():
-        ws = [random_weight("bf16", n, k, device, gen)
-              for _ in range(min(MAX_COPIES, -(-4 * L2_BYTES // (2 * n * k))))]
+        ws = [random_weight("bf16", n, k, device, gen) for _ in range(_copies(2 * n * k))]
         for m in DECODE_M:
             x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
             for kind, fn in (("cuBLAS", F.linear), ("skinny", skinny_linear)):
-                cycle = itertools.cycle(ws)
-                call = lambda fn=fn, cycle=cycle, x=x: fn(x, next(cycle))  # noqa: E731
-                call()
-                torch.cuda.synchronize()
-                us = do_bench_cudagraph(call, rep=20, return_mode="median") * 1e3
-                moved = 2 * n * k + 2 * m * (k + n)
-                rows.append({
-                    "op": f"linear bf16 {kind}", "shape": f"{label} {name} M={m} N={n} K={k}",
-                    "time_us": us, "bytes": moved, "flops": 2 * m * n * k,
-                    "ratio_to_ceiling": moved / BANDWIDTH / (us * 1e-6),
-                    "ceiling": f"{BANDWIDTH:.3g} B/s",
-                    "achieved": f"{moved / (us * 1e-6) / 1e12:.2f} TB/s"})
+                us = _timed(_rotating(ws, x, fn))
+                rows.append(_row(f"linear bf16 {kind}", f"{label} {name} M={m} N={n} K={k}",
+                                 us, 2 * n * k + 2 * m * (k + n), 2 * m * n * k, True))
     return rows

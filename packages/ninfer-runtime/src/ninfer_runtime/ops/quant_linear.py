@@ -221,18 +221,20 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def k_split(n: int, k: int, device: torch.device, target: int = SPLIT_TARGETS[0]
+def k_split(n: int, k: int, device: torch.device, target: int = SPLIT_TARGETS[0], *,
+            tile_rows: int = 64, granule: int = _SPLIT_GRANULE, max_splits: int = _MAX_SPLITS
             ) -> tuple[int, int]:
-    """(split_len, splits) of the decode kernel's K axis.
+    """(split_len, splits) of a skinny product's K axis, for the decode kernel by default.
 
-    Row tiles alone fill the GPU on wide matrices (gate|up, lm_head); a narrow one (down_proj,
-    N = 5120, K = 17408) gets its K cut into chunks so that the grid reaches about `target`
-    programs per SM. Chunks are whole multiples of every config's BK.
+    Row tiles (of `tile_rows`, a typical BN) alone fill the GPU on wide matrices (gate|up,
+    lm_head); a narrow one (down_proj, N = 5120, K = 17408) gets its K cut into chunks so that
+    the grid reaches about `target` programs per SM. Chunks are whole multiples of `granule`
+    (every decode config's BK).
     """
-    tiles = triton.cdiv(n, 64)  # a typical BN
+    tiles = triton.cdiv(n, tile_rows)
     want = triton.cdiv(target * _sm_count(device), tiles)
-    splits = max(1, min(want, k // _SPLIT_GRANULE, _MAX_SPLITS))
-    split_len = triton.cdiv(triton.cdiv(k, splits), _SPLIT_GRANULE) * _SPLIT_GRANULE
+    splits = max(1, min(want, k // granule, max_splits))
+    split_len = triton.cdiv(triton.cdiv(k, splits), granule) * granule
     return split_len, triton.cdiv(k, split_len)
 
 
@@ -294,11 +296,21 @@ def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
     step, as the engine's warm-up guarantees), then reused for every M of that row tile."""
     m, k = x.shape
     n = out.shape[1]
-    plan = tuned_plan(_decode_plans, (n, k, decode_rows(m), ops.layout.scheme, x.dtype,
-                                      x.device),
+    plan = tuned_plan(_decode_plans, _decode_key(n, k, ops.layout, x),
                       lambda: decode_candidates(n, k, ops.layout.scheme, x.device),
                       lambda c: _run_decode(x, ops, out, c), x.device)
     _run_decode(x, ops, out, plan)
+
+
+def _decode_key(n: int, k: int, layout: _Layout, x: torch.Tensor) -> tuple:
+    """The decode tuner's key: the weight's shape and scheme, the row tile of x's rows, x's
+    dtype and device."""
+    return n, k, decode_rows(x.shape[0]), layout.scheme, x.dtype, x.device
+
+
+def chosen_decode_plan(w: PackedWeight, x: torch.Tensor) -> DecodePlan | None:
+    """The plan the decode tuner chose for x @ w^T, if it has run on that key."""
+    return _decode_plans.get(_decode_key(*w.shape, _operands(w).layout, x))
 
 
 def tuned_plan(plans: dict, key: tuple, candidates: Callable[[], list],

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
+from ninfer_runtime.ops import quant_linear
+from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.ops.launch import options
 
 try:
@@ -32,6 +33,7 @@ MAX_WEIGHT_BYTES = 4 << 20  # larger weights stream well enough through cuBLAS
 _BN = 16  # weight rows per program
 _BK = 128  # inputs per K iteration
 _PROGRAMS_PER_SM = 2
+_MAX_SPLITS = 64  # never binding below K = 8192 at BK 128: K alone bounds the splits
 
 
 def applies(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -43,22 +45,14 @@ def applies(x: torch.Tensor, w: torch.Tensor) -> bool:
             and use_triton(x, w, validated=False))
 
 
-def _sms(device: torch.device) -> int:
-    return 4 if INTERPRET else torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def k_split(n: int, k: int, device: torch.device) -> tuple[int, int]:
     """(split_len, splits): enough K splits that the row tiles fill the GPU about twice."""
-    tiles = triton.cdiv(n, _BN)
-    splits = max(1, min(triton.cdiv(_PROGRAMS_PER_SM * _sms(device), tiles), k // _BK))
-    split_len = triton.cdiv(triton.cdiv(k, splits), _BK) * _BK
-    return split_len, triton.cdiv(k, split_len)
+    return quant_linear.k_split(n, k, device, _PROGRAMS_PER_SM, tile_rows=_BN, granule=_BK,
+                                max_splits=_MAX_SPLITS)
 
 
 def skinny_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T -> [M, N] in x.dtype, fp32 accumulation (as F.linear)."""
-    from ninfer_runtime.ops.quant_linear import decode_rows, tile_counters
-
     m, k = x.shape
     n = w.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -67,8 +61,9 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     parts = out if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32,
                                                 device=x.device)
     _skinny_kernel[(tiles, splits)](
-        x, w, parts, tile_counters(x.device, tiles), out, m, n, k, x.stride(0), w.stride(0),
-        split_len, BM=decode_rows(m), BN=_BN, BK=_BK, num_warps=4, **options(x.device))
+        x, w, parts, quant_linear.tile_counters(x.device, tiles), out, m, n, k, x.stride(0),
+        w.stride(0), split_len, BM=quant_linear.decode_rows(m), BN=_BN, BK=_BK, num_warps=4,
+        **options(x.device))
     return out
 
 
