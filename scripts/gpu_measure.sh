@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end measurements on the GPU machine (device tool, carry [".whl"]), one call:
-#   bash scripts/gpu_measure.sh STAGE...   (STAGE+STAGE+...: run side by side)
+#   bash scripts/gpu_measure.sh STAGE...   (STAGE+STAGE+...: run side by side; STAGE@MODE)
 # Each stage runs under its own time limit and logs to $OUT/<stage>.log; $OUT/stages.txt lists
 # every stage with its exit status and seconds, so a cut-off run still returns what finished.
 # Random-init artifacts of the real profiles are built on the machine (into $ART), never carried.
@@ -39,8 +39,9 @@ saturation() {  # saturation NAME ARTIFACT-STEM: decode saturation at C = $SAT_C
     --output "$out/saturation-$1-${MODE:-mtp0}"
 }
 
-run_stage() {
-  local name=$1
+run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@mtp3)
+  local name=${1%@*}
+  [[ $1 == *@* ]] && local MODE=${1#*@}
   case $name in
     tests) timeout "${TEST_SECONDS:-300}" python3 -m pytest -q -p no:cacheprovider -rf \
              --tb=short -k "${TEST_K:-}" ${TESTS:-tests/kernels/test_linear.py tests/kernels/test_moe.py \
