@@ -44,3 +44,25 @@ def test_kernels_give_the_reference_tokens(quantized, monkeypatch: pytest.Monkey
         monkeypatch.setenv("NINFER_OPS", mode)
         tokens[mode] = drain(engine(loaded, **config), reqs).tokens
     assert tokens["triton"] == tokens["ref"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="PDL launches exist on a GPU only")
+@pytest.mark.parametrize(("kind", "weights"), [("dense", "nvfp4"), ("moe", "nvfp4")])
+def test_dependent_launches_give_the_tokens_of_plain_launches(
+        quantized, monkeypatch: pytest.MonkeyPatch, kind: str, weights: str) -> None:
+    """PDL (NINFER_PDL=1) changes when kernels start, never what they compute: a kernel that
+    read its inputs before waiting for its predecessor would change the greedy tokens. bf16 and
+    CUDA graphs, as served."""
+    from ninfer_runtime.ops import launch
+
+    loaded = load_artifact(quantized(kind, weights), "cuda", dtype=torch.bfloat16)
+    reqs = [request(f"r{i}", prompt(n, i), greedy(24)) for i, n in enumerate((3, 17, 40))]
+    config = {"kv_dtype": "int8", "prefill_chunk": 16, "max_context": 128,
+              "max_concurrency": 3, "device": "cuda"}
+    tokens = {}
+    for pdl in ("0", "1"):
+        monkeypatch.setenv("NINFER_PDL", pdl)
+        launch._pdl.cache_clear()
+        tokens[pdl] = drain(engine(loaded, **config), reqs).tokens
+    launch._pdl.cache_clear()
+    assert tokens["1"] == tokens["0"]

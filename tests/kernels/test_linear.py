@@ -241,6 +241,24 @@ def test_long_prefill_takes_dequantize_then_matmul(scheme: str, dtype: torch.dty
     assert calls == [1]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, HALF])
+def test_long_prefill_of_a_fused_nvfp4_weight_scales_each_source_in_its_gemm(
+        dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fused weight (q|k|v) holds one global scale per source: the prompt path runs one GEMM
+    per source with the scale as its alpha, into that source's output columns."""
+    monkeypatch.setattr(quant_linear, "DEQUANT_MIN_M", 24)
+    w = packed("nvfp4", 96, 384, seed=6)
+    rows = torch.tensor([40, 24, 32], device=DEVICE)
+    scales = torch.tensor([3e-4, 7e-4, 1e-4], device=DEVICE)
+    w.parts["weight_scale_2"] = scales.repeat_interleave(rows)
+    gemms = []
+    monkeypatch.setattr(torch, "addmm", lambda *a, _f=torch.addmm, **kw: gemms.append(
+        kw["alpha"]) or _f(*a, **kw))
+    x = rand(24, 384, dtype=dtype)
+    check(linear(x, w), x, w)
+    assert gemms == pytest.approx([s * 2.0**8 for s in scales.tolist()])
+
+
 def test_decode_candidates_cover_every_config_and_split_target() -> None:
     """The decode tuner's choices: each config with the K split of each target (distinct
     splits only), the default first."""
