@@ -10,6 +10,7 @@ activation rows (default 1, a one-token step).
     .venv/bin/python scripts/sass_report.py              # every decode config
     .venv/bin/python scripts/sass_report.py --asm off    # the pure-Triton decode, for contrast
     .venv/bin/python scripts/sass_report.py --gemm       # the prefill GEMM too
+    .venv/bin/python scripts/sass_report.py --moe        # the MoE prompt GEMMs (64-row blocks)
 
 The budget an H200 gives an nvfp4 GEMV at 4.24 TB/s is ~4.4 instructions per weight at full
 issue rate (132 SMs x 4 schedulers x 1.98 GHz x 32 lanes / 7.5e12 weights/s).
@@ -34,6 +35,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from ninfer_runtime.ops import moe  # noqa: E402
 from ninfer_runtime.ops import quant_linear as ql  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -156,11 +158,42 @@ def gemm_variants(tmp: Path) -> None:
             report(label, k, kw["BN"] * kw["BK"] // (32 * cfg.num_warps), tmp)
 
 
+MOE_ARGS = ("a", "stride_am", "w", "scale", "aux", "stride_we", "stride_wn", "stride_se",
+            "stride_sn", "stride_ae", "stride_an", "out", "stride_om", "sorted_slots",
+            "block_expert", "route_weights", "N", "K", "num_pairs", "top_k")
+# (weight, scale, aux) pointer types of the grouped GEMM per scheme, as _launch_grouped passes
+MOE_PARTS = {"nvfp4": ("*i32", "*fp8e4nv", "*fp32"), "groupwise-int": ("*i32", "*bf16", "*u8")}
+
+
+def moe_variants(tmp: Path, block_m: int = 64) -> None:
+    kernel = moe._grouped_gemm_kernel.fn.fn  # under the autotuner and the EVEN_K heuristic
+    for scheme, (mid, layout) in (("nvfp4", (moe.NVFP4, ql.LAYOUTS["nvfp4"])),
+                                  ("groupwise-int", (moe.INT4, ql.LAYOUTS["groupwise-int"]))):
+        for swiglu in (True, False):
+            for cfg in moe._gemm_configs():
+                kw = cfg.kwargs
+                sig = dict(zip(MOE_ARGS, ("*bf16", "i32", *MOE_PARTS[scheme], *["i32"] * 6,
+                                          "*bf16", "i32", "*i64", "*i64", "*fp32",
+                                          *["i32"] * 4), strict=True))
+                cst = {"SCHEME": mid, "QSCHEME": layout.scheme, "WPS": layout.words_per_scale,
+                       "SWIGLU": swiglu, "BLOCK_M": block_m, "BLOCK_N": kw["BLOCK_N"],
+                       "BLOCK_K": kw["BLOCK_K"], "EVEN_K": True, "DOT_PRECISION": "tf32"}
+                k = compile_variant(kernel, sig, cst, cfg.num_warps, cfg.num_stages)
+                label = (f"moe {scheme} {'gate|up' if swiglu else 'down'} BM={block_m} "
+                         f"BN={kw['BLOCK_N']} BK={kw['BLOCK_K']} w={cfg.num_warps} "
+                         f"s={cfg.num_stages}")
+                tiles = 2 if swiglu else 1
+                report(label, k, tiles * kw["BLOCK_N"] * kw["BLOCK_K"] // (32 * cfg.num_warps),
+                       tmp)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--asm", choices=("on", "off"), default="on",
                         help="decode with the inline PTX (GPU default) or the pure-Triton twin")
     parser.add_argument("--gemm", action="store_true", help="also the prefill GEMM")
+    parser.add_argument("--moe", action="store_true", help="also the MoE prompt GEMMs")
+    parser.add_argument("--no-decode", action="store_true", help="skip the decode GEMV")
     args = parser.parse_args()
     print(f"triton {triton.__version__}, target sm_90; per weight = loop instructions / "
           "weights per thread per iteration")
@@ -168,9 +201,12 @@ def main() -> None:
           f"{'stack':>5} {'LDL+STL':>6}  top opcodes")
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "ninfer_sass_report"
     tmp.mkdir(parents=True, exist_ok=True)
-    decode_variants(args.asm == "on", tmp)
+    if not args.no_decode:
+        decode_variants(args.asm == "on", tmp)
     if args.gemm:
         gemm_variants(tmp)
+    if args.moe:
+        moe_variants(tmp)
 
 
 if __name__ == "__main__":

@@ -26,15 +26,15 @@ Each op has a torch reference (`*_ref`, the oracle and the CPU path) and a Trito
   sentinel), then two grouped GEMMs run over the blocks: gate|up with SiLU-and-mul fused into
   the epilogue (-> hidden [padded rows, I]), then down scaled by the routing weight (-> one row
   per (token, slot)); a sum over the k slots puts the result back in token order. Both GEMMs
-  read the stacked expert weights [E, N, K] as stored (bf16, nvfp4 or groupwise-int) and
-  dequantize them in registers.
+  read the stacked expert weights [E, N, K] as stored (bf16, nvfp4 or groupwise-int); packed
+  tiles are dequantized in registers by ops.quant_linear's tile decode, as the dense prefill
+  GEMM's are (16-byte word loads, one dot per tile).
 
-Dequantization in the kernels is exact where it can be: an E2M1 code times its E4M3 block
-scale has at most 6 significant bits and lies in [2^-10, 2688], so it is formed exactly in
-fp16 and then in the compute dtype (bf16 on the GPU); the fp32 per-row global scale multiplies
-the fp32 accumulator. groupwise-int multiplies (q - zero), exact in any float type, and applies
-the group scale to the fp32 partial sum of each K tile (a tile never straddles a 128-group).
-The reference instead rounds each dequantized weight to x.dtype; the two agree to rounding.
+Dequantization is exact where it can be: an E2M1 code times its E4M3 block scale has at most 6
+significant bits and lies in [2^-10, 2688], so it is formed exactly in fp16 or bf16; the fp32
+per-row global scale multiplies the fp32 accumulator. groupwise-int weights are (q - zero) *
+scale rounded once to the compute dtype, as the reference rounds them (the CUDA-core GEMV
+applies the group scale to fp32 partial sums instead); the two agree to rounding.
 """
 
 from __future__ import annotations
@@ -280,17 +280,22 @@ def _launch_grouped(a: torch.Tensor, w: _Experts, out: torch.Tensor, al: Alignme
     assert a.stride(1) == 1 and out.stride(1) == 1 and a.shape[1] == k, \
         f"moe_experts: activations {tuple(a.shape)} vs weight {w.shape}"
     num_blocks = al.block_expert.shape[0]
+    weight, scale, qscheme, wps = w.weight, w.scale, 0, 1
+    if w.scheme != PLAIN:  # quant_linear's tile decode: int32 words, typed block scales
+        layout = _DECODE_LAYOUTS[w.scheme]
+        weight, qscheme, wps = w.weight.view(torch.int32), layout.scheme, layout.words_per_scale
+        if w.scheme == NVFP4:
+            scale = w.scale.view(torch.float8_e4m3fn)
 
     def grid(meta: dict) -> tuple[int, int]:
         return num_blocks, triton.cdiv(n, meta["BLOCK_N"])
 
     _grouped_gemm_kernel[grid](
-        a, a.stride(0), w.weight, w.scale, w.aux,
-        w.weight.stride(0), w.weight.stride(1), w.scale.stride(0), w.scale.stride(1),
-        w.aux.stride(0), w.aux.stride(1),
+        a, a.stride(0), weight, scale, w.aux, weight.stride(0), weight.stride(1),
+        scale.stride(0), scale.stride(1), w.aux.stride(0), w.aux.stride(1),
         out, out.stride(0), al.sorted_slots, al.block_expert, weights,
         n, k, weights.numel(), top_k,
-        SCHEME=w.scheme, SWIGLU=swiglu, BLOCK_M=al.block_m,
+        SCHEME=w.scheme, QSCHEME=qscheme, WPS=wps, SWIGLU=swiglu, BLOCK_M=al.block_m,
         DOT_PRECISION=_dot_precision(a.dtype))
 
 
@@ -430,16 +435,15 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
 def _gemm_configs() -> list[triton.Config]:
     """Autotuning candidates; the interpreter gets one (it is slow and has nothing to tune).
 
-    BLOCK_K divides the int4 group (128) and gives each of the two half-K dots >= 16. Few
-    candidates (each is compiled per key): narrow N tiles spread decode's 8 experts over more
-    programs, wide ones with 8 warps suit the 64-row prefill blocks.
+    BLOCK_K is one int4 group (128), as the dense prefill GEMM's. Few candidates (each is
+    compiled per key): narrow N tiles spread a short prompt's experts over more programs,
+    wide ones with 8 warps suit the 64-row blocks of long prompts.
     """
     if INTERPRET:
-        return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 64}, num_warps=4, num_stages=1)]
-    shapes = [(32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 3),
-              (128, 64, 8, 3), (128, 128, 8, 3)]
-    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-            for bn, bk, w, s in shapes]
+        return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 128}, num_warps=4, num_stages=1)]
+    shapes = [(64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 8, 4)]
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": 128}, num_warps=w, num_stages=s)
+            for bn, w, s in shapes]
 
 
 # ---- kernels ----
@@ -454,6 +458,7 @@ if triton is not None:
         _e2m1,
         _graph_bench,
         _uint4,
+        _weight_tile,
         decode_result,
         decode_tile,
         sum_parts,
@@ -541,14 +546,6 @@ if triton is not None:
             seen += tl.sum(hot.to(tl.int32), axis=0)
 
     @triton.jit
-    def _e2m1_f16(codes):
-        """4-bit E2M1 codes (uint8, 0..15) -> exact fp16 values: sign to bit 15, exponent and
-        mantissa to bits 9..11, then x 2^14 (the fp16/E2M1 exponent bias gap)."""
-        c = codes.to(tl.uint16)
-        bits = ((c & 8) << 12) | ((c & 7) << 9)
-        return bits.to(tl.float16, bitcast=True) * 16384.0
-
-    @triton.jit
     def _e4m3_f16(raw):
         """float8_e4m3fn bytes (uint8, never NaN) -> exact fp16: sign to bit 15, exponent and
         mantissa to bits 7..14, then x 2^8 (the bias gap); subnormals map the same way."""
@@ -557,72 +554,43 @@ if triton is not None:
         return bits.to(tl.float16, bitcast=True) * 256.0
 
     @triton.jit
-    def _weight_dot(acc, a_lo, a_hi, w, scale, aux, e, rows, row_mask, k0, K,
-                    stride_we, stride_wn, stride_se, stride_sn, stride_ae, stride_an,
-                    SCHEME: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
-        """acc [BLOCK_M, BLOCK_N] += a @ W[e, rows, k0:k0+BLOCK_K]^T, W dequantized here.
-
-        PLAIN: a_lo is the whole [BLOCK_M, BLOCK_K] tile. Packed schemes: a_lo / a_hi hold the
-        even / odd columns, which meet the low / high nibbles of each byte, so the packed
-        tile is used as loaded, without interleaving.
-        """
-        cdt = a_lo.dtype
+    def _expert_tile(w, scale, aux, e, rows, row_ok, k0, K, stride_we, stride_wn, stride_se,
+                     stride_sn, stride_ae, SCHEME: tl.constexpr, QSCHEME: tl.constexpr,
+                     WPS: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                     DTYPE: tl.constexpr):
+        """Expert e's weight rows `rows`, inputs [k0, k0 + BK), as tl.dot's [BN, BK] operand
+        in DTYPE: plain weights as stored (SCHEME 0); packed ones by ops.quant_linear's tile
+        decode (16-byte word loads, input order; nvfp4 e2m1 * s * 2^-8, exact)."""
         if SCHEME == 0:
-            kk = k0 + tl.arange(0, BLOCK_K)
-            b = tl.load(w + e * stride_we + rows[None, :] * stride_wn + kk[:, None],
-                        mask=row_mask[None, :] & (kk[:, None] < K), other=0.0)
-            acc = tl.dot(a_lo, b.to(cdt), acc, input_precision=DOT_PRECISION)
-        else:
-            HALF: tl.constexpr = BLOCK_K // 2
-            kb = k0 // 2 + tl.arange(0, HALF)
-            byte_mask = row_mask[None, :] & (kb[:, None] < K // 2)
-            packed = tl.load(w + e * stride_we + rows[None, :] * stride_wn + kb[:, None],
-                             mask=byte_mask, other=0)  # [HALF, BLOCK_N] uint8
-            if SCHEME == 1:
-                BLOCKS: tl.constexpr = BLOCK_K // 16
-                ks = k0 // 16 + tl.arange(0, BLOCKS)
-                s = _e4m3_f16(tl.load(scale + e * stride_se + rows[None, :] * stride_sn
-                                      + ks[:, None],
-                                      mask=row_mask[None, :] & (ks[:, None] < K // 16),
-                                      other=0))[:, None, :]  # [BLOCKS, 1, BLOCK_N]
-                lo = tl.reshape(tl.reshape(_e2m1_f16(packed & 15), (BLOCKS, 8, BLOCK_N)) * s,
-                                (HALF, BLOCK_N))
-                hi = tl.reshape(tl.reshape(_e2m1_f16(packed >> 4), (BLOCKS, 8, BLOCK_N)) * s,
-                                (HALF, BLOCK_N))
-                acc = tl.dot(a_lo, lo.to(cdt), acc, input_precision=DOT_PRECISION)
-                acc = tl.dot(a_hi, hi.to(cdt), acc, input_precision=DOT_PRECISION)
-            else:
-                g = k0 // 128
-                zero = tl.load(aux + e * stride_ae + rows * stride_an + g, mask=row_mask,
-                               other=0).to(tl.int16)
-                step = tl.load(scale + e * stride_se + rows * stride_sn + g, mask=row_mask,
-                               other=0.0).to(tl.float32)
-                lo = ((packed & 15).to(tl.int16) - zero[None, :]).to(cdt)
-                hi = ((packed >> 4).to(tl.int16) - zero[None, :]).to(cdt)
-                part = tl.dot(a_lo, lo, input_precision=DOT_PRECISION)
-                part = tl.dot(a_hi, hi, part, input_precision=DOT_PRECISION)
-                acc += part * step[None, :]
-        return acc
+            ks = k0 + tl.arange(0, BK)
+            mask = row_ok[:, None] if EVEN_K else row_ok[:, None] & (ks < K)[None, :]
+            return tl.load(w + e * stride_we + rows.to(tl.int64)[:, None] * stride_wn
+                           + ks[None, :], mask=mask, other=0.0).to(DTYPE)
+        return _weight_tile(w + e * stride_we, scale + e * stride_se, aux + e * stride_ae,
+                            rows, row_ok, k0, K, stride_wn, stride_sn, QSCHEME, WPS, BK,
+                            EVEN_K, DTYPE)
 
     @triton.jit
     def _global_scale(acc, aux, e, rows, row_mask, stride_ae, stride_an,
                       SCHEME: tl.constexpr):
-        """nvfp4: the per-row fp32 global scale, applied to the fp32 accumulator."""
+        """nvfp4: the per-row fp32 global scale (and the tile decode's 2^8), applied to the
+        fp32 accumulator."""
         if SCHEME == 1:
             g = tl.load(aux + e * stride_ae + rows * stride_an, mask=row_mask, other=0.0)
-            acc = acc * g[None, :]
+            acc = acc * (g * _NV_OUT)[None, :]
         return acc
 
     @triton.autotune(configs=_gemm_configs(), key=["N", "K", "SCHEME", "SWIGLU", "BLOCK_M"],
                      cache_results=True)
+    @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
     @triton.jit
     def _grouped_gemm_kernel(
         a, stride_am, w, scale, aux, stride_we, stride_wn, stride_se, stride_sn,
         stride_ae, stride_an, out, stride_om, sorted_slots, block_expert, route_weights,
         N, K, num_pairs, top_k,
-        SCHEME: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        SCHEME: tl.constexpr, QSCHEME: tl.constexpr, WPS: tl.constexpr, SWIGLU: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ):
         """Program (block, N tile): the block's rows times its expert's weight rows.
 
@@ -640,28 +608,23 @@ if triton is not None:
         a_rows = pair // top_k if SWIGLU else padded.to(tl.int64)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_mask = cols < N
+        dtype = a.dtype.element_ty
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         a_base = a + a_rows[:, None] * stride_am
         for k0 in range(0, K, BLOCK_K):
-            if SCHEME == 0:
-                kk = k0 + tl.arange(0, BLOCK_K)
-                a_lo = tl.load(a_base + kk[None, :], mask=valid[:, None] & (kk[None, :] < K),
-                               other=0.0)
-                a_hi = a_lo
-            else:
-                kk = k0 + 2 * tl.arange(0, BLOCK_K // 2)
-                a_mask = valid[:, None] & (kk[None, :] < K)
-                a_lo = tl.load(a_base + kk[None, :], mask=a_mask, other=0.0)
-                a_hi = tl.load(a_base + kk[None, :] + 1, mask=a_mask, other=0.0)
-            acc = _weight_dot(acc, a_lo, a_hi, w, scale, aux, e, cols, col_mask, k0, K,
-                              stride_we, stride_wn, stride_se, stride_sn, stride_ae,
-                              stride_an, SCHEME, BLOCK_N, BLOCK_K, DOT_PRECISION)
+            ks = k0 + tl.arange(0, BLOCK_K)
+            a_mask = valid[:, None] if EVEN_K else valid[:, None] & (ks < K)[None, :]
+            x = tl.load(a_base + ks[None, :], mask=a_mask, other=0.0)
+            gate = _expert_tile(w, scale, aux, e, cols, col_mask, k0, K, stride_we, stride_wn,
+                                stride_se, stride_sn, stride_ae, SCHEME, QSCHEME, WPS,
+                                BLOCK_K, EVEN_K, dtype)
+            acc = tl.dot(x, tl.trans(gate), acc, input_precision=DOT_PRECISION)
             if SWIGLU:
-                acc_up = _weight_dot(acc_up, a_lo, a_hi, w, scale, aux, e, cols + N,
-                                     col_mask, k0, K, stride_we, stride_wn, stride_se,
-                                     stride_sn, stride_ae, stride_an, SCHEME, BLOCK_N,
-                                     BLOCK_K, DOT_PRECISION)
+                up = _expert_tile(w, scale, aux, e, cols + N, col_mask, k0, K, stride_we,
+                                  stride_wn, stride_se, stride_sn, stride_ae, SCHEME, QSCHEME,
+                                  WPS, BLOCK_K, EVEN_K, dtype)
+                acc_up = tl.dot(x, tl.trans(up), acc_up, input_precision=DOT_PRECISION)
         acc = _global_scale(acc, aux, e, cols, col_mask, stride_ae, stride_an, SCHEME)
         store_mask = valid[:, None] & col_mask[None, :]
         if SWIGLU:
