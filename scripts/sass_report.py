@@ -41,6 +41,7 @@ from ninfer_runtime.ops import quant_linear as ql  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 TOP_OPCODES = int(os.environ.get("SASS_TOP", "8"))
 ROWS = int(os.environ.get("SASS_ROWS", "1"))  # decode activation rows (the row tile follows)
+PREFETCH = os.environ.get("NINFER_L2_PREFETCH", "1") == "1"  # the decode's L2 prefetch
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ARGS = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "g_ptr", "out_ptr", "M", "N", "K", "stride_x",
         "stride_w", "stride_s")
@@ -135,7 +136,8 @@ def decode_variants(asm: bool, tmp: Path) -> None:
             sig = dict(zip(DECODE_ARGS, ("*fp16", "*fp32", "*fp32", "*i32", *PARTS[scheme],
                                          "*fp32", "*i32", "*bf16", *["i32"] * 6), strict=True))
             cst = {"SCHEME": sid, "WPS": wps, "BM": ql.decode_rows(ROWS), "ASM": asm,
-                   "EVEN_K": True, "BN": bn, "BK": bk, "DOTS": cfg.dots, "GDC": True}
+                   "EVEN_K": True, "BN": bn, "BK": bk, "DOTS": cfg.dots, "PREFETCH": PREFETCH,
+                   "GDC": True}
             k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages)
             label = f"decode {scheme} BN={bn} BK={bk} w={cfg.warps} s={cfg.stages} d={cfg.dots}"
             report(label, k, bn * bk // (32 * cfg.warps), tmp)

@@ -259,6 +259,23 @@ def test_long_prefill_of_a_fused_nvfp4_weight_scales_each_source_in_its_gemm(
     assert gemms == pytest.approx([s * 2.0**8 for s in scales.tolist()])
 
 
+def test_decode_prefetches_only_16_byte_aligned_row_ranges(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bulk L2 prefetch (sm_90) faults on an address or size off 16 bytes: the decode
+    kernel asks for it only when every row's K-split range starts and ends on 16 bytes."""
+    monkeypatch.setattr(quant_linear, "l2_prefetch", lambda device: True)
+    words = torch.zeros(64, 5120 // 8 + 4, dtype=torch.int32)
+    aligned = words[:, :640]  # rows 2,576 bytes apart (a multiple of 16)
+    assert quant_linear._prefetches(aligned, 5120, 1024)
+    assert not quant_linear._prefetches(words[:, 1:641], 5120, 1024)  # starts 4 bytes in
+    assert not quant_linear._prefetches(aligned, 5120, 1040)  # a split of 520 bytes
+    assert not quant_linear._prefetches(aligned, 5104, 1024)  # a last split of 488 bytes
+    odd_rows = torch.zeros(64, 642, dtype=torch.int32)[:, :640]  # rows 2,568 bytes apart
+    assert not quant_linear._prefetches(odd_rows, 5120, 1024)
+    monkeypatch.setattr(quant_linear, "l2_prefetch", lambda device: False)
+    assert not quant_linear._prefetches(aligned, 5120, 1024)
+
+
 def test_decode_candidates_cover_every_config_and_split_target() -> None:
     """The decode tuner's choices: each config with the K split of each target (distinct
     splits only), the default first."""

@@ -36,6 +36,14 @@ def _pdl(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
+@cache
+def l2_prefetch(device: torch.device) -> bool:
+    """Whether kernels on `device` may use `prefetch_to_l2` (Hopper and later; off under the
+    interpreter, or with NINFER_L2_PREFETCH=0 to compare)."""
+    return (os.environ.get("NINFER_L2_PREFETCH", "1") == "1" and device.type == "cuda"
+            and not INTERPRET and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
 def options(device: torch.device) -> dict:
     """Launch arguments of a PDL kernel on `device`: its GDC constexpr and Triton's
     launch_pdl, both off where PDL is not used."""
@@ -52,3 +60,13 @@ if triton is not None:
         if GDC:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
+
+    @triton.jit
+    def prefetch_to_l2(ptrs, nbytes):
+        """Ask L2 for `nbytes` contiguous bytes at each of `ptrs` (sm_90 bulk prefetch: one
+        instruction a row, nothing waits on it; 16-byte aligned addresses and sizes). Issued
+        before `wait_for_inputs`, a kernel's weights stream in while its predecessor runs, and
+        all of a program's bytes are in flight at once rather than a pipeline's few stages."""
+        tl.inline_asm_elementwise(
+            "cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;", "=r,l,r",
+            [ptrs.to(tl.int64, bitcast=True), nbytes], dtype=tl.int32, is_pure=False, pack=1)

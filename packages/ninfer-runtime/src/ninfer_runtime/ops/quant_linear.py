@@ -36,7 +36,9 @@ Kernels:
   to K splits on every 27B shape by 25-100%, docs/perf.md): each part goes to a fp32 buffer,
   and the last part of a row tile to arrive (an atomic counter per tile) adds them all in a
   fixed order and writes the output: deterministic, no second kernel, counters left at zero
-  for graph replays.
+  for graph replays. Before it waits for its inputs (PDL), a program asks L2 for all of its
+  codes at once (`launch.prefetch_to_l2`, Hopper; NINFER_L2_PREFETCH=0 turns it off): Nsight
+  Compute found the kernel latency-bound with only a pipeline's few stages in flight.
 - `_gemm_kernel`, prefill (M > SKINNY_MAX_M; fp32 activations at every M): tiled tensor-core
   GEMM; the [BN, BK] weight tile
   is dequantized in registers to x.dtype (exact for nvfp4 in bf16 and fp16), interleaved back
@@ -65,7 +67,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ninfer_runtime.ops import tuning_cache
 from ninfer_runtime.ops.dispatch import INTERPRET
-from ninfer_runtime.ops.launch import options
+from ninfer_runtime.ops.launch import l2_prefetch, options
 from ninfer_runtime.ops.quant_decode import INT_F16_BIAS, NV_F16_EXP
 from ninfer_runtime.quant import PackedWeight
 
@@ -333,8 +335,9 @@ def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
 
 def _decode_key(n: int, k: int, layout: _Layout, x: torch.Tensor) -> tuple:
     """The decode tuner's key: the weight's shape and scheme, the row tile of x's rows, x's
-    dtype and device."""
-    return n, k, decode_rows(x.shape[0]), layout.scheme, x.dtype, x.device
+    dtype and device, and whether the kernel prefetches (plans are timed with it)."""
+    return (n, k, decode_rows(x.shape[0]), layout.scheme, x.dtype, l2_prefetch(x.device),
+            x.device)
 
 
 def chosen_decode_plan(w: PackedWeight, x: torch.Tensor) -> DecodePlan | None:
@@ -426,7 +429,15 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
     _decode_kernel[(tiles, plan.splits)](
         xo, inv, xsum, ops.words, ops.scale, ops.zero, ops.gscale, parts, counters, out, m, n,
         k, ops.words.stride(0), ops.scale.stride(0), plan.split_len,
+        PREFETCH=_prefetches(ops.words, k, plan.split_len),
         **decode_tile_args(ops.layout, c, k, m), **options(x.device))
+
+
+def _prefetches(words: torch.Tensor, k: int, split_len: int) -> bool:
+    """Whether the decode kernel may bulk-prefetch its programs' codes: every row's range
+    (codes [k_lo, k_hi) of a K split) must start and end on 16 bytes."""
+    return (l2_prefetch(words.device) and words.data_ptr() % 16 == 0
+            and words.stride(0) * 4 % 16 == 0 and split_len // 2 % 16 == 0 and k // 2 % 16 == 0)
 
 
 def decode_tile_args(layout: _Layout, config: DecodeConfig, k: int, m: int) -> dict:
@@ -484,7 +495,7 @@ def _configs(space: list[tuple[dict, int, int]], interpret: tuple[dict, int, int
 
 
 if triton is not None:
-    from ninfer_runtime.ops.launch import wait_for_inputs
+    from ninfer_runtime.ops.launch import prefetch_to_l2, wait_for_inputs
     from ninfer_runtime.ops.quant_decode import activation_kernel, int_operands, nv_operands
 
     _NVFP4 = tl.constexpr(_NVFP4_ID)
@@ -736,13 +747,18 @@ if triton is not None:
                        counter_ptr, out_ptr, M, N, K, stride_w, stride_s, split_len,
                        SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
                        ASM: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, DOTS: tl.constexpr, GDC: tl.constexpr):
+                       BK: tl.constexpr, DOTS: tl.constexpr, PREFETCH: tl.constexpr,
+                       GDC: tl.constexpr):
         """out[:, rows of tile pid 0] from the activation operands of `activation_kernel`,
-        over K split pid 1 of num_programs(1) (`_finish_tile` adds the splits)."""
-        wait_for_inputs(GDC)
+        over K split pid 1 of num_programs(1) (`_finish_tile` adds the splits). PREFETCH:
+        the program's codes are requested into L2 before anything else (`prefetch_to_l2`)."""
         tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
         tile, pid_k, rows, row_ok, ms, m_ok, k_lo, k_hi = split_program(M, N, K, split_len,
                                                                         BM, BN)
+        if PREFETCH:
+            row = tl.minimum(rows, N - 1).to(tl.int64)
+            prefetch_to_l2(w_ptr + row * stride_w + k_lo // 8, (k_hi - k_lo) // 2)
+        wait_for_inputs(GDC)
         acc = tl.zeros((BN, BM), tl.float32)
         for k0 in range(k_lo, k_hi, BK):
             acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr,
