@@ -266,14 +266,14 @@ def test_decode_prefetches_only_16_byte_aligned_row_ranges(
     monkeypatch.setattr(quant_linear, "l2_prefetch", lambda device: True)
     words = torch.zeros(64, 5120 // 8 + 4, dtype=torch.int32)
     aligned = words[:, :640]  # rows 2,576 bytes apart (a multiple of 16)
-    assert quant_linear._prefetches(aligned, 5120, 1024)
-    assert not quant_linear._prefetches(words[:, 1:641], 5120, 1024)  # starts 4 bytes in
-    assert not quant_linear._prefetches(aligned, 5120, 1040)  # a split of 520 bytes
-    assert not quant_linear._prefetches(aligned, 5104, 1024)  # a last split of 488 bytes
+    assert quant_linear.prefetches(aligned, 5120, 1024)
+    assert not quant_linear.prefetches(words[:, 1:641], 5120, 1024)  # starts 4 bytes in
+    assert not quant_linear.prefetches(aligned, 5120, 1040)  # a split of 520 bytes
+    assert not quant_linear.prefetches(aligned, 5104, 1024)  # a last split of 488 bytes
     odd_rows = torch.zeros(64, 642, dtype=torch.int32)[:, :640]  # rows 2,568 bytes apart
-    assert not quant_linear._prefetches(odd_rows, 5120, 1024)
+    assert not quant_linear.prefetches(odd_rows, 5120, 1024)
     monkeypatch.setattr(quant_linear, "l2_prefetch", lambda device: False)
-    assert not quant_linear._prefetches(aligned, 5120, 1024)
+    assert not quant_linear.prefetches(aligned, 5120, 1024)
 
 
 def test_decode_candidates_cover_every_config_and_split_target() -> None:

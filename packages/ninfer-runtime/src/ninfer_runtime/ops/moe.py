@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from ninfer_runtime.ops import quant_linear
 from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
-from ninfer_runtime.ops.launch import options
+from ninfer_runtime.ops.launch import l2_prefetch, options
 from ninfer_runtime.quant import PackedWeight
 
 try:
@@ -401,7 +401,7 @@ def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: tor
     n = rows // 2 if swiglu else rows
     # tuned per power of two of the token count (the warm-up meets each, engine.warmup)
     key = (triton.next_power_of_2(ids.shape[0]), ids.shape[1], n, k, w.scheme, swiglu, a.dtype,
-           a.device)
+           l2_prefetch(a.device), a.device)
     plan = quant_linear.tuned_plan(
         _stage_plans, key, lambda: _stage_candidates(n, k, w.scheme, swiglu),
         lambda c: _run_stage(a, w, out, ids, weights, swiglu, c), a.device)
@@ -428,6 +428,7 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
         quant_linear.tile_counters(a.device, outputs * tiles), out, ids, weights, a.shape[0],
         n, k, top_k, words.stride(0), words.stride(1), w.scale.stride(0), w.scale.stride(1),
         w.aux.stride(0), split_len, SWIGLU=swiglu,
+        PREFETCH=quant_linear.prefetches(words, k, split_len),
         **quant_linear.decode_tile_args(_DECODE_LAYOUTS[w.scheme], c, k, 1),
         **options(a.device))
 
@@ -449,7 +450,7 @@ def _gemm_configs() -> list[triton.Config]:
 # ---- kernels ----
 
 if triton is not None:
-    from ninfer_runtime.ops.launch import wait_for_inputs
+    from ninfer_runtime.ops.launch import prefetch_to_l2, wait_for_inputs
     from ninfer_runtime.ops.quant_linear import (
         _NV_FMA_SCALE,
         _NV_FMA_X,
@@ -796,7 +797,7 @@ if triton is not None:
         route_weights, M, N, K, top_k, stride_we, stride_wn, stride_se, stride_sn, stride_ae,
         split_len, SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
         ASM: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-        DOTS: tl.constexpr, SWIGLU: tl.constexpr, GDC: tl.constexpr
+        DOTS: tl.constexpr, SWIGLU: tl.constexpr, PREFETCH: tl.constexpr, GDC: tl.constexpr
     ):
         """Program (pair, column tile, K split) of `_tensor_core_stage`: the pair's activation
         row (gate|up: its token's x, down: its hidden row) times BN output columns of its
@@ -816,6 +817,10 @@ if triton is not None:
         m_ok = ms == 0  # the one activation row, at x_row
         k_lo = tl.program_id(2) * split_len
         k_hi = tl.minimum(K, k_lo + split_len)
+        if PREFETCH:  # the expert is known only now: all of the program's codes at once
+            row = tl.where(row_ok, rows, 0).to(tl.int64)
+            prefetch_to_l2(w_ptr + expert * stride_we + row * stride_wn + k_lo // 8,
+                           (k_hi - k_lo) // 2)
         acc = tl.zeros((R, BM), tl.float32)
         for k0 in range(k_lo, k_hi, BK):
             acc = decode_tile(acc, xo_ptr + x_row * (K // 8), inv_ptr + x_row,

@@ -429,15 +429,17 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
     _decode_kernel[(tiles, plan.splits)](
         xo, inv, xsum, ops.words, ops.scale, ops.zero, ops.gscale, parts, counters, out, m, n,
         k, ops.words.stride(0), ops.scale.stride(0), plan.split_len,
-        PREFETCH=_prefetches(ops.words, k, plan.split_len),
+        PREFETCH=prefetches(ops.words, k, plan.split_len),
         **decode_tile_args(ops.layout, c, k, m), **options(x.device))
 
 
-def _prefetches(words: torch.Tensor, k: int, split_len: int) -> bool:
-    """Whether the decode kernel may bulk-prefetch its programs' codes: every row's range
-    (codes [k_lo, k_hi) of a K split) must start and end on 16 bytes."""
+def prefetches(words: torch.Tensor, k: int, split_len: int) -> bool:
+    """Whether a decode kernel may bulk-prefetch its programs' codes (int32 words [..., N,
+    K/8], a weight or stacked experts): every row's range (codes [k_lo, k_hi) of a K split)
+    must start and end on 16 bytes."""
     return (l2_prefetch(words.device) and words.data_ptr() % 16 == 0
-            and words.stride(0) * 4 % 16 == 0 and split_len // 2 % 16 == 0 and k // 2 % 16 == 0)
+            and all(stride * 4 % 16 == 0 for stride in words.stride()[:-1])
+            and split_len // 2 % 16 == 0 and k // 2 % 16 == 0)
 
 
 def decode_tile_args(layout: _Layout, config: DecodeConfig, k: int, m: int) -> dict:
