@@ -60,6 +60,10 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
                 --output "$out/pdl" ;;
     eng35pdl) NINFER_PDL=1 engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
                 --output "$out/pdl" ;;
+    eng27nopf) NINFER_L2_PREFETCH=0 engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
+                 --output "$out/nopf" ;;
+    eng35nopf) NINFER_L2_PREFETCH=0 engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \
+                 --no-breakdown --output "$out/nopf" ;;
     mtp27) engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
              --spec mtp --draft-tokens 3 --lm-head-draft ;;
     dflash27) engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
