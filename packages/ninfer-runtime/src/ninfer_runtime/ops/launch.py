@@ -51,7 +51,11 @@ def options(device: torch.device) -> dict:
     return {"GDC": on, "launch_pdl": on}
 
 
+# per program: with up to 4 programs on each of 132 SMs, ~25 MB of the H200's 50 MB L2
+PREFETCH_BYTES = 48 << 10
+
 if triton is not None:
+    _PREFETCH_BYTES = tl.constexpr(PREFETCH_BYTES)
 
     @triton.jit
     def wait_for_inputs(GDC: tl.constexpr):
@@ -63,10 +67,12 @@ if triton is not None:
 
     @triton.jit
     def prefetch_to_l2(ptrs, nbytes):
-        """Ask L2 for `nbytes` contiguous bytes at each of `ptrs` (sm_90 bulk prefetch: one
-        instruction a row, nothing waits on it; 16-byte aligned addresses and sizes). Issued
-        before `wait_for_inputs`, a kernel's weights stream in while its predecessor runs, and
-        all of a program's bytes are in flight at once rather than a pipeline's few stages."""
+        """Ask L2 for `nbytes` contiguous bytes at each of `ptrs`, at most PREFETCH_BYTES in
+        all (sm_90 bulk prefetch: one instruction a row, nothing waits on it; 16-byte aligned
+        addresses and sizes). Issued before `wait_for_inputs`, a kernel's first weights stream
+        in while its predecessor runs, and more of its bytes are in flight at once than a
+        pipeline's few stages hold."""
+        nbytes = tl.minimum(nbytes, _PREFETCH_BYTES // ptrs.numel // 16 * 16)
         tl.inline_asm_elementwise(
             "cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;", "=r,l,r",
             [ptrs.to(tl.int64, bitcast=True), nbytes], dtype=tl.int32, is_pure=False, pack=1)

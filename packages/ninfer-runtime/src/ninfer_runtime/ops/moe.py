@@ -817,7 +817,7 @@ if triton is not None:
         m_ok = ms == 0  # the one activation row, at x_row
         k_lo = tl.program_id(2) * split_len
         k_hi = tl.minimum(K, k_lo + split_len)
-        if PREFETCH:  # the expert is known only now: all of the program's codes at once
+        if PREFETCH:  # the expert is known only now: the program's first codes at once
             row = tl.where(row_ok, rows, 0).to(tl.int64)
             prefetch_to_l2(w_ptr + expert * stride_we + row * stride_wn + k_lo // 8,
                            (k_hi - k_lo) // 2)

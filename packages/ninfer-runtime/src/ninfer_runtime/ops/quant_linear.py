@@ -36,9 +36,9 @@ Kernels:
   to K splits on every 27B shape by 25-100%, docs/perf.md): each part goes to a fp32 buffer,
   and the last part of a row tile to arrive (an atomic counter per tile) adds them all in a
   fixed order and writes the output: deterministic, no second kernel, counters left at zero
-  for graph replays. Before it waits for its inputs (PDL), a program asks L2 for all of its
-  codes at once (`launch.prefetch_to_l2`, Hopper; NINFER_L2_PREFETCH=0 turns it off): Nsight
-  Compute found the kernel latency-bound with only a pipeline's few stages in flight.
+  for graph replays. Before it waits for its inputs (PDL), a program asks L2 for up to 48 KB
+  of its codes at once (`launch.prefetch_to_l2`, Hopper; NINFER_L2_PREFETCH=0 turns it off):
+  Nsight Compute found the kernel latency-bound with only a pipeline's few stages in flight.
 - `_gemm_kernel`, prefill (M > SKINNY_MAX_M; fp32 activations at every M): tiled tensor-core
   GEMM; the [BN, BK] weight tile
   is dequantized in registers to x.dtype (exact for nvfp4 in bf16 and fp16), interleaved back
@@ -753,7 +753,7 @@ if triton is not None:
                        GDC: tl.constexpr):
         """out[:, rows of tile pid 0] from the activation operands of `activation_kernel`,
         over K split pid 1 of num_programs(1) (`_finish_tile` adds the splits). PREFETCH:
-        the program's codes are requested into L2 before anything else (`prefetch_to_l2`)."""
+        the program's first codes are requested into L2 before anything else."""
         tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
         tile, pid_k, rows, row_ok, ms, m_ok, k_lo, k_hi = split_program(M, N, K, split_len,
                                                                         BM, BN)
