@@ -89,13 +89,17 @@ def test_decode_counts_the_steps_that_replay_graphs(artifact: Path, spec: str) -
     config = EngineConfig(max_context=64, max_concurrency=2, device="cpu", spec=spec,
                           draft_tokens=k or 3)
     eng = Engine.from_artifact(artifact, config)
-    assert measure_decode(eng, 8, 2, 4).graph_steps == 0  # no graphs on the CPU
+    plain = measure_decode(eng, 8, 2, 4)
+    assert plain.graph_steps == 0  # no graphs on the CPU
     eng.graphs = decode_graphs(eng.model, eng.caches, eng.config, capture=False)
     if eng.proposer is not None:
         eng.proposer.capture_graphs(2, request_pages(eng.config), capture=False)
     run = measure_decode(eng, 8, 2, 4)
     assert run.steps > 0 and run.graph_steps == run.steps
     assert (run.draft_graph_runs > 0) == (spec == "mtp")
+    # the same requests give the same greedy tokens, with or without graphs; others do not
+    assert plain.digest == run.digest == measure_decode(eng, 8, 2, 4).digest
+    assert measure_decode(eng, 9, 2, 4).digest != run.digest
 
 
 def _hook_call(kernel: str, signature: dict[str, str], constants: dict, divisible: list[int]

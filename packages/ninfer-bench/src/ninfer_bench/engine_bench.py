@@ -9,7 +9,8 @@ serving suites measure the whole stack). For each context length L:
   warm-up left undone shows here, and the Triton kernels it compiled are listed), and
   `prefill`, the same request again;
 - decode at C = 1, 2, ...: C requests of L prompt tokens decode `decode_tokens` each; the
-  aggregate tok/s counts only steps in which all C requests decode (no prefill in the step);
+  aggregate tok/s counts only steps in which all C requests decode (no prefill in the step),
+  and a digest of the greedy tokens they produce tells whether two runs computed the same;
   ceiling = C x bandwidth / bytes one step reads (the weights its rows use, an MoE's routed
   experts once each (`Footprint.step_weight_bytes`), + C x (the KV of L tokens + the GDN
   state read and written));
@@ -25,6 +26,7 @@ C); tokens per round at a given acceptance then give the throughput.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
@@ -235,6 +237,9 @@ class DecodeRun:
     tokens: int
     graph_steps: int  # steps whose target forward replayed a CUDA graph
     draft_graph_runs: int  # the proposer's graph replays over those steps
+    # the greedy tokens from the first timed step on, hashed: runs that must compute the
+    # same (PDL on and off, same tuned plans) must agree on it
+    digest: str
 
 
 def _replays(engine: Engine) -> tuple[int, int]:
@@ -251,16 +256,26 @@ def measure_decode(engine: Engine, length: int, concurrency: int, tokens: int) -
     _start_decoding(engine, "decode", length, concurrency, tokens)
     _sync(engine)
     before = _replays(engine)
+    ids: dict[str, list[int]] = {}
+
+    def step() -> int:
+        outputs = engine.step()
+        for o in outputs:
+            ids.setdefault(o.request_id, []).extend(o.new_token_ids)
+        return sum(len(o.new_token_ids) for o in outputs)
+
     start, steps, produced = time.perf_counter(), 0, 0
     while engine.num_running() == concurrency:
-        produced += sum(len(o.new_token_ids) for o in engine.step())
+        produced += step()
         steps += 1
     _sync(engine)
     elapsed = time.perf_counter() - start
     after = _replays(engine)
     while engine.has_unfinished():
-        engine.step()
-    return DecodeRun(elapsed, steps, produced, after[0] - before[0], after[1] - before[1])
+        step()
+    digest = hashlib.sha1(repr(sorted(ids.items())).encode()).hexdigest()[:12]
+    return DecodeRun(elapsed, steps, produced, after[0] - before[0], after[1] - before[1],
+                     digest)
 
 
 def kernel_breakdown(engine: Engine, length: int, concurrency: int) -> list[tuple[str, float]]:
@@ -355,7 +370,8 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
                                    "ms_per_step": 1e3 * d.seconds / max(1, d.steps),
                                    "tokens_per_step": d.tokens / max(1, d.steps),
                                    "steps": d.steps, "graph_steps": d.graph_steps,
-                                   "draft_graph_runs": d.draft_graph_runs})
+                                   "draft_graph_runs": d.draft_graph_runs,
+                                   "greedy_digest": d.digest})
             if breakdown:
                 report["breakdown"][f"eager decode step ctx{length}_c{c}"] = \
                     kernel_breakdown(engine, length, c)
@@ -370,14 +386,14 @@ def markdown(report: dict, top: int = 15) -> str:
                           report.get("startup_compiles_by_kernel", {}).items()) or "none")
              + ")", "",
              "| what | context | C | tok/s | ceiling tok/s | ratio | ms/step | tokens/step "
-             "| graphed steps |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| graphed steps | greedy tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         graphed = f"{r['graph_steps']}/{r['steps']}" if "steps" in r else ""
         lines.append(f"| {r['what']} | {r['context']} | {r['concurrency']} | {r['tok_s']:.1f} "
                      f"| {r['ceiling_tok_s']:.1f} | {100 * r['ratio']:.1f}% "
                      f"| {r.get('ms_per_step', 0):.2f} | {r.get('tokens_per_step', 0):.2f} "
-                     f"| {graphed} |")
+                     f"| {graphed} | {r.get('greedy_digest', '')} |")
     for key, rows in report["breakdown"].items():
         total = sum(us for _, us in rows)
         lines += ["", f"{key}: {total:.0f} us of kernels", "",
