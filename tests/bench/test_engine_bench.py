@@ -81,7 +81,7 @@ def test_step_weight_bytes_count_each_routed_expert_once() -> None:
 def test_decode_counts_the_steps_that_replay_graphs(artifact: Path, spec: str) -> None:
     """measure_decode says how many timed steps ran through the target's graphs (here their
     uncaptured static buffers, as on a GPU) and how often the proposer's ran."""
-    from ninfer_bench.engine_bench import measure_decode
+    from ninfer_bench.engine_bench import graph_replay_ms, measure_decode
     from ninfer_runtime.engine import Engine, EngineConfig
     from ninfer_runtime.engine.device_setup import decode_graphs, request_pages
 
@@ -96,6 +96,7 @@ def test_decode_counts_the_steps_that_replay_graphs(artifact: Path, spec: str) -
         eng.proposer.capture_graphs(2, request_pages(eng.config), capture=False)
     run = measure_decode(eng, 8, 2, 4)
     assert run.steps > 0 and run.graph_steps == run.steps
+    assert graph_replay_ms(eng, 2) is None  # static buffers, no captured graph to time
     assert (run.draft_graph_runs > 0) == (spec == "mtp")
     # the same requests give the same greedy tokens, with or without graphs; others do not
     assert plain.digest == run.digest == measure_decode(eng, 8, 2, 4).digest

@@ -37,7 +37,7 @@ import torch
 
 from ninfer_runtime.config import FULL_ATTENTION
 from ninfer_runtime.engine import Engine, EngineConfig, EngineRequest, SamplingParams
-from ninfer_runtime.engine.cuda_graph import StepGraphs
+from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs
 from ninfer_runtime.engine.kv_pool import kv_bytes_per_token
 from ninfer_runtime.models.qwen3_5 import Qwen3_5Model
 from ninfer_runtime.quant import PackedWeight
@@ -278,6 +278,23 @@ def measure_decode(engine: Engine, length: int, concurrency: int, tokens: int) -
                      digest)
 
 
+def graph_replay_ms(engine: Engine, concurrency: int, times: int = 50) -> float | None:
+    """Milliseconds per back-to-back replay of the plain decode graph of `concurrency` rows
+    (None without captured graphs): a step's GPU time, so that ms/step minus this is what the
+    host adds to a step (scheduling, sampling, reading the tokens, the outputs)."""
+    graphs, shape = engine.graphs, GraphShape(concurrency, 1)
+    if graphs is None or not graphs.capture or shape not in graphs.shapes:
+        return None
+    graphs.replay(shape)
+    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+    start.record()
+    for _ in range(times):
+        graphs.replay(shape)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / times
+
+
 def kernel_breakdown(engine: Engine, length: int, concurrency: int) -> list[tuple[str, float]]:
     """CUDA time (us) per kernel name of one eager decode step of `concurrency` requests."""
     from torch.profiler import ProfilerActivity, profile
@@ -371,7 +388,9 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
                                    "tokens_per_step": d.tokens / max(1, d.steps),
                                    "steps": d.steps, "graph_steps": d.graph_steps,
                                    "draft_graph_runs": d.draft_graph_runs,
-                                   "greedy_digest": d.digest})
+                                   "greedy_digest": d.digest,
+                                   "graph_replay_ms": graph_replay_ms(engine, c)
+                                   if spec == "none" else None})
             if breakdown:
                 report["breakdown"][f"eager decode step ctx{length}_c{c}"] = \
                     kernel_breakdown(engine, length, c)
@@ -386,14 +405,16 @@ def markdown(report: dict, top: int = 15) -> str:
                           report.get("startup_compiles_by_kernel", {}).items()) or "none")
              + ")", "",
              "| what | context | C | tok/s | ceiling tok/s | ratio | ms/step | tokens/step "
-             "| graphed steps | greedy tokens |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| graphed steps | graph replay ms | greedy tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         graphed = f"{r['graph_steps']}/{r['steps']}" if "steps" in r else ""
+        replay = r.get("graph_replay_ms")
         lines.append(f"| {r['what']} | {r['context']} | {r['concurrency']} | {r['tok_s']:.1f} "
                      f"| {r['ceiling_tok_s']:.1f} | {100 * r['ratio']:.1f}% "
                      f"| {r.get('ms_per_step', 0):.2f} | {r.get('tokens_per_step', 0):.2f} "
-                     f"| {graphed} | {r.get('greedy_digest', '')} |")
+                     f"| {graphed} | {'' if replay is None else f'{replay:.2f}'} "
+                     f"| {r.get('greedy_digest', '')} |")
     for key, rows in report["breakdown"].items():
         total = sum(us for _, us in rows)
         lines += ["", f"{key}: {total:.0f} us of kernels", "",

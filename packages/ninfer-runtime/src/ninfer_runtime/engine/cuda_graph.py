@@ -154,6 +154,14 @@ class StepGraphs:
         return entry.outputs
 
 
+    def replay(self, shape: GraphShape) -> None:
+        """Replay `shape`'s captured graph on whatever its static inputs hold (benchmarks:
+        the step's GPU time with no host work between replays)."""
+        graph = self._shapes[shape].graph
+        assert graph is not None, f"{shape} was not captured"
+        graph.replay()
+
+
 def _matches(batch: StepBatch, static: StepBatch) -> bool:
     """Same tensor shapes (page tables at most as wide), the same optional tensors present
     (snapshot slots) and the same host-side fields, which choose kernels (recurrent_tokens):
