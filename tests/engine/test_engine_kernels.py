@@ -46,6 +46,25 @@ def test_kernels_give_the_reference_tokens(quantized, monkeypatch: pytest.Monkey
     assert tokens["triton"] == tokens["ref"]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="too slow for the interpreter")
+@pytest.mark.parametrize(("kind", "weights"), [("dense", "nvfp4"), ("moe", "nvfp4")])
+def test_a_long_prompt_gives_the_reference_tokens(quantized, monkeypatch: pytest.MonkeyPatch,
+                                                  kind: str, weights: str) -> None:
+    """A prompt of 1,500 tokens in chunks of 512: the prompt-size paths (the dequantized
+    cuBLAS GEMMs, the MoE grouped GEMMs, attention over many pages, GDN across chunks) give
+    the reference runtime's greedy tokens."""
+    loaded = load_artifact(quantized(kind, weights), "cuda", dtype=torch.float32)
+    reqs = [request("long", prompt(1500, 7), greedy(8)), request("short", prompt(5, 8),
+                                                                 greedy(8))]
+    config = {"kv_dtype": "int8", "prefill_chunk": 512, "max_context": 1536,
+              "max_concurrency": 2, "device": "cuda"}
+    tokens = {}
+    for mode in ("ref", "triton"):
+        monkeypatch.setenv("NINFER_OPS", mode)
+        tokens[mode] = drain(engine(loaded, **config), reqs).tokens
+    assert tokens["triton"] == tokens["ref"]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="PDL launches exist on a GPU only")
 @pytest.mark.parametrize(("kind", "weights"), [("dense", "nvfp4"), ("moe", "nvfp4")])
 def test_dependent_launches_give_the_tokens_of_plain_launches(
