@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ninfer_runtime.ops import quant_linear
-from ninfer_runtime.ops.linear import linear, select
+from ninfer_runtime.ops.activation import silu_and_mul
+from ninfer_runtime.ops.linear import linear, select, silu_mul_linear
 from ninfer_runtime.quant import PackedWeight, get_scheme
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -257,6 +258,17 @@ def test_long_prefill_of_a_fused_nvfp4_weight_scales_each_source_in_its_gemm(
     x = rand(24, 384, dtype=dtype)
     check(linear(x, w), x, w)
     assert gemms == pytest.approx([s * 2.0**8 for s in scales.tolist()])
+
+
+@pytest.mark.parametrize("m", [1, 3, 20])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_silu_mul_linear_is_linear_of_silu_and_mul(scheme: str, m: int) -> None:
+    """The down projection with its SiLU in the decode kernel's activation pass gives the
+    bits of silu_and_mul followed by linear (at 20 rows: the two ops themselves)."""
+    w = packed(scheme, 64, 256, seed=7)
+    h = rand(m, 512, dtype=HALF, seed=8)
+    torch.testing.assert_close(silu_mul_linear(h, w), linear(silu_and_mul(h), w), rtol=0,
+                               atol=0)
 
 
 def test_decode_prefetches_only_16_byte_aligned_row_ranges(

@@ -23,11 +23,10 @@ from ninfer_runtime.models.weights import (
     MLPWeights,
     MoEWeights,
 )
-from ninfer_runtime.ops.activation import silu_and_mul
 from ninfer_runtime.ops.attention import paged_attention, store_kv
 from ninfer_runtime.ops.conv import causal_conv1d_varlen
 from ninfer_runtime.ops.gdn import gated_delta_rule_varlen, gdn_decode, gdn_gating
-from ninfer_runtime.ops.linear import linear
+from ninfer_runtime.ops.linear import linear, silu_mul_linear
 from ninfer_runtime.ops.moe import moe_experts, route
 from ninfer_runtime.ops.norm import add_rms_norm, gated_rms_norm, rms_norm
 from ninfer_runtime.ops.rope import qk_norm_rope, rope_cos_sin
@@ -89,7 +88,7 @@ def _chunked_gdn(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, w: GDNWe
 
 def mlp(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
     """SwiGLU MLP: down(silu(gate(x)) * up(x))."""
-    return linear(silu_and_mul(linear(x, w.gate_up_proj)), w.down_proj)
+    return silu_mul_linear(linear(x, w.gate_up_proj), w.down_proj)
 
 
 def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig) -> torch.Tensor:

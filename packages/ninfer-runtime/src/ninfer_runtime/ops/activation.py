@@ -38,6 +38,13 @@ if triton is not None:
     from ninfer_runtime.ops.launch import wait_for_inputs
 
     @triton.jit
+    def silu_mul(gate, up, dtype: tl.constexpr):
+        """silu(gate) * up of fp32 gate and up in `dtype`, silu rounded to it first, as the
+        reference's two ops round (the down projection's GEMV pass applies it too)."""
+        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        return (silu * up).to(dtype)
+
+    @triton.jit
     def _silu_and_mul_kernel(x_ptr, out_ptr, inter, stride_x, BLOCK: tl.constexpr,
                              GDC: tl.constexpr):
         """Row program_id(0), columns program_id(1)*BLOCK.. of the [M, I] output."""
@@ -48,9 +55,8 @@ if triton is not None:
         src = x_ptr + row * stride_x + cols
         gate = tl.load(src, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(src + inter, mask=mask, other=0.0).to(tl.float32)
-        dtype = out_ptr.dtype.element_ty
-        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        tl.store(out_ptr + row * inter + cols, (silu * up).to(dtype), mask=mask)
+        tl.store(out_ptr + row * inter + cols, silu_mul(gate, up, out_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 def _launch_silu_and_mul(x: torch.Tensor) -> torch.Tensor:

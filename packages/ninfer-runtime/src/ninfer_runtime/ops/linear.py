@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer_runtime.ops import quant_linear, skinny_linear
+from ninfer_runtime.ops.activation import silu_and_mul
 from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.quant import PackedWeight
 
@@ -37,6 +38,18 @@ def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     else:
         return linear_ref(x, w)
     return out.view(*x.shape[:-1], w.shape[0])
+
+
+def silu_mul_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """linear(silu_and_mul(x), w) for x [..., 2I] ([gate | up]) and w [out, I]. A decode
+    step's few rows through a packed weight take the SiLU in the GEMV's activation pass: one
+    launch fewer per MLP."""
+    rows = x.reshape(-1, x.shape[-1])
+    if (isinstance(w, PackedWeight) and quant_linear.supports(w) and rows.stride(-1) == 1
+            and quant_linear.decodes(rows) and use_triton(x, *w.parts.values())):
+        out = quant_linear.packed_linear(rows, w, swiglu=True)
+        return out.view(*x.shape[:-1], w.shape[0])
+    return linear(silu_and_mul(x), w)
 
 
 def select(w: Weight, index: int) -> Weight:

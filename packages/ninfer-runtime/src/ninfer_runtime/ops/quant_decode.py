@@ -99,6 +99,7 @@ INT_PAIR_PTX = _int_pair_ptx()
 
 
 if triton is not None:
+    from ninfer_runtime.ops.activation import silu_mul
     from ninfer_runtime.ops.launch import wait_for_inputs
     _NV_PTX = tl.constexpr(NV_PAIR_PTX)
     _INT_PTX = tl.constexpr(INT_PAIR_PTX)
@@ -143,13 +144,16 @@ if triton is not None:
 
     @triton.jit
     def activation_kernel(x_ptr, xo_ptr, inv_ptr, xsum_ptr, M, K, stride_x,
-                          GROUP: tl.constexpr, HAS_SUM: tl.constexpr, GDC: tl.constexpr):
+                          GROUP: tl.constexpr, HAS_SUM: tl.constexpr, SWIGLU: tl.constexpr,
+                          GDC: tl.constexpr):
         """Group g = program 1 of row r = program 0 of x [M, K] (bf16 or fp16), inputs
         [g * GROUP, (g + 1) * GROUP), as the decode kernels' fp16 operand, laid out by code
         position: xo [8, M, K/8] with xo[j, r, w] = x[r, 8w + j] * m, where the power of two
         m puts the group's largest |x| in [2^14, 2^15) (an all-zero group, or one below
         2^-112: m = 2^126); inv[g, r] = 1 / m. With HAS_SUM, xsum[g, r] is the group's sum of
-        the operand values (groupwise-int's zero-point term).
+        the operand values (groupwise-int's zero-point term). With SWIGLU, x is [gate | up]
+        [M, 2K] and the operand is silu_and_mul's output (the down projection's input), which
+        then never exists on its own.
 
         A group is one K tile of the decode kernel, which undoes its scale per tile: no
         row-wide reduction, so a row is prepared by K / GROUP programs side by side, and the
@@ -159,8 +163,11 @@ if triton is not None:
         row = tl.program_id(0)
         group = tl.program_id(1)
         ks = group * GROUP + tl.arange(0, GROUP)
-        x = tl.load(x_ptr + row.to(tl.int64) * stride_x + ks, mask=ks < K,
-                    other=0.0).to(tl.float32)
+        src = x_ptr + row.to(tl.int64) * stride_x + ks
+        x = tl.load(src, mask=ks < K, other=0.0).to(tl.float32)
+        if SWIGLU:
+            up = tl.load(src + K, mask=ks < K, other=0.0).to(tl.float32)
+            x = silu_mul(x, up, x_ptr.dtype.element_ty).to(tl.float32)
         e = tl.maximum((tl.max(tl.abs(x), axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF, 15)
         m = ((268 - e) << 23).to(tl.float32, bitcast=True)  # 2^(141 - e)
         tl.store(inv_ptr + group * M + row, ((e - 14) << 23).to(tl.float32, bitcast=True))

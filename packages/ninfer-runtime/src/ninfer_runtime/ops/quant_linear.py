@@ -23,7 +23,8 @@ Kernels:
   ones, the CPU reference dtype, take the GEMM, exact with "ieee" dots). The activations are
   first scaled to fp16 and laid out by code position, once per call
   (`quant_decode.activation_kernel`: xo[j, m, w] = x[m, 8w + j] times a power of two per K
-  tile, undone after the tile's dot), so the K loop only streams weights, decodes them and
+  tile, undone after the tile's dot; for a down projection it applies the MLP's SiLU too,
+  `linear.silu_mul_linear`), so the K loop only streams weights, decodes them and
   multiplies. A program owns BN output rows and one split of K; every M runs on tensor cores,
   rows padded to 8 or 16 (`decode_rows`; a GEMV is bound by decoding, not by the MMA). Per
   code position j, W_j [BN, BK/8] @ xo[j]^T, the weight the wide operand held in registers
@@ -165,18 +166,26 @@ def _operands(w: PackedWeight) -> _Operands:
     return _Operands(words, scale, w.parts["weight_zero"], scale, layout)
 
 
-def packed_linear(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
-    """x [M, K] @ dequantize(w)^T -> [M, N] in x.dtype, fp32 accumulation, by the kernels."""
+def decodes(x: torch.Tensor) -> bool:
+    """Whether x [M, K] takes the decode kernel (a few rows of half activations)."""
+    return x.shape[0] <= SKINNY_MAX_M and x.dtype != torch.float32
+
+
+def packed_linear(x: torch.Tensor, w: PackedWeight, swiglu: bool = False) -> torch.Tensor:
+    """x [M, K] @ dequantize(w)^T -> [M, N] in x.dtype, fp32 accumulation, by the kernels.
+    swiglu (decode only): x is [gate | up] [M, 2K] and silu_and_mul(x) is multiplied, the SiLU
+    applied in the decode kernel's activation pass."""
     ops = _operands(w)
     n, k = w.shape
-    assert x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1, \
+    assert x.dim() == 2 and x.shape[1] == k * (1 + swiglu) and x.stride(1) == 1, \
         f"packed_linear: x {tuple(x.shape)} stride {x.stride()} vs weight {tuple(w.shape)}"
+    assert not swiglu or decodes(x), "packed_linear: swiglu is for the decode kernel"
     m = x.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    if m <= SKINNY_MAX_M and x.dtype != torch.float32:
-        _launch_decode(x, ops, out)
+    if decodes(x):
+        _launch_decode(x, ops, out, swiglu)
     elif m >= DEQUANT_MIN_M:
         dequant_matmul(x, ops, out)
     else:
@@ -321,16 +330,15 @@ def decode_candidates(n: int, k: int, scheme: int, device: torch.device) -> list
     return [DecodePlan(c, *split) for c in configs for split in splits]
 
 
-def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
+def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool) -> None:
     """The decode kernel with the plan tuned for this weight shape and row tile: every
     candidate timed as CUDA-graph replays on the first call (before any graph captures the
     step, as the engine's warm-up guarantees), then reused for every M of that row tile."""
-    m, k = x.shape
-    n = out.shape[1]
+    n, k = out.shape[1], ops.words.shape[1] * 8
     plan = tuned_plan(_decode_plans, _decode_key(n, k, ops.layout, x),
                       lambda: decode_candidates(n, k, ops.layout.scheme, x.device),
-                      lambda c: _run_decode(x, ops, out, c), x.device)
-    _run_decode(x, ops, out, plan)
+                      lambda c: _run_decode(x, ops, out, c, swiglu), x.device)
+    _run_decode(x, ops, out, plan, swiglu)
 
 
 def _decode_key(n: int, k: int, layout: _Layout, x: torch.Tensor) -> tuple:
@@ -399,29 +407,30 @@ def _l2_bytes(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).L2_cache_size
 
 
-def activation_operands(x: torch.Tensor, group: int, group_sums: bool
+def activation_operands(x: torch.Tensor, group: int, group_sums: bool, swiglu: bool = False
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(xo, inv, xsum) of `quant_decode.activation_kernel` for x [M, K] in groups of `group`
-    inputs (the decode K tile): the decode kernels' fp16 operand by code position, 1 / each
-    group's scale [K / group, M] and, with `group_sums` (groupwise-int weights), each group's
-    operand sum [K / group, M]."""
-    m, k = x.shape
+    """(xo, inv, xsum) of `quant_decode.activation_kernel` for x [M, K] (swiglu: [gate | up]
+    [M, 2K], silu_and_mul's input) in groups of `group` inputs (the decode K tile): the decode
+    kernels' fp16 operand by code position, 1 / each group's scale [K / group, M] and, with
+    `group_sums` (groupwise-int weights), each group's operand sum [K / group, M]."""
+    m, k = x.shape[0], x.shape[1] // (1 + swiglu)
     groups = triton.cdiv(k, group)
     xo = torch.empty((8, m, k // 8), dtype=torch.float16, device=x.device)
     inv = torch.empty((groups, m), dtype=torch.float32, device=x.device)
     xsum = torch.empty((groups, m), dtype=torch.float32, device=x.device) \
         if group_sums else inv
     activation_kernel[(m, groups)](x, xo, inv, xsum, m, k, x.stride(0), GROUP=group,
-                                   HAS_SUM=group_sums, num_warps=max(1, group // 128),
+                                   HAS_SUM=group_sums, SWIGLU=swiglu,
+                                   num_warps=max(1, group // 128),
                                    **options(x.device))
     return xo, inv, xsum
 
 
-def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: DecodePlan) -> None:
-    m, k = x.shape
-    n = out.shape[1]
+def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: DecodePlan,
+                swiglu: bool = False) -> None:
+    m, n, k = x.shape[0], out.shape[1], ops.words.shape[1] * 8
     c = plan.config
-    xo, inv, xsum = activation_operands(x, c.bk, ops.layout.scheme == _INT_ID)
+    xo, inv, xsum = activation_operands(x, c.bk, ops.layout.scheme == _INT_ID, swiglu)
     tiles = triton.cdiv(n, c.bn)
     counters = tile_counters(x.device, tiles)
     parts = out if plan.splits == 1 else torch.empty((plan.splits, m, n), dtype=torch.float32,
