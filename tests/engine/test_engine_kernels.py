@@ -30,6 +30,15 @@ def quantized(tmp_path_factory: pytest.TempPathFactory):
     return make
 
 
+def assert_kernels_give_the_reference_tokens(loaded, reqs: list, config: dict,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    tokens = {}
+    for mode in ("ref", "triton"):
+        monkeypatch.setenv("NINFER_OPS", mode)
+        tokens[mode] = drain(engine(loaded, **config), reqs).tokens
+    assert tokens["triton"] == tokens["ref"]
+
+
 @pytest.mark.parametrize(("kind", "weights"), [("dense", "nvfp4"), ("moe", "groupwise-int")])
 def test_kernels_give_the_reference_tokens(quantized, monkeypatch: pytest.MonkeyPatch,
                                            kind: str, weights: str) -> None:
@@ -39,11 +48,7 @@ def test_kernels_give_the_reference_tokens(quantized, monkeypatch: pytest.Monkey
     reqs = [request(f"r{i}", prompt(n, i), greedy(4)) for i, n in enumerate((1, 9, 21))]
     config = {"kv_dtype": "int8", "prefill_chunk": 8, "max_context": 64, "max_concurrency": 3,
               "device": device}
-    tokens = {}
-    for mode in ("ref", "triton"):
-        monkeypatch.setenv("NINFER_OPS", mode)
-        tokens[mode] = drain(engine(loaded, **config), reqs).tokens
-    assert tokens["triton"] == tokens["ref"]
+    assert_kernels_give_the_reference_tokens(loaded, reqs, config, monkeypatch)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="too slow for the interpreter")
@@ -58,11 +63,7 @@ def test_a_long_prompt_gives_the_reference_tokens(quantized, monkeypatch: pytest
                                                                  greedy(8))]
     config = {"kv_dtype": "int8", "prefill_chunk": 512, "max_context": 1536,
               "max_concurrency": 2, "device": "cuda"}
-    tokens = {}
-    for mode in ("ref", "triton"):
-        monkeypatch.setenv("NINFER_OPS", mode)
-        tokens[mode] = drain(engine(loaded, **config), reqs).tokens
-    assert tokens["triton"] == tokens["ref"]
+    assert_kernels_give_the_reference_tokens(loaded, reqs, config, monkeypatch)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="PDL launches exist on a GPU only")
