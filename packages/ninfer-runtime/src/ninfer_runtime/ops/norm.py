@@ -140,7 +140,9 @@ if triton is not None:
         """1 / rms over axis 1 of a fp32 tile whose padding columns hold zeros."""
         return tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
 
-    @triton.jit
+    # n_rows changes from step to step and only bounds the rows: no variant per value class
+    # (== 1, divisible by 16, other), so the start-up compiles one where it compiled three
+    @triton.jit(do_not_specialize=["n_rows"])
     def _rms_norm_kernel(x_ptr, h_ptr, res_ptr, w_ptr, out_ptr, n_rows, heads,
                          x_st, x_sh, h_st, h_sh, eps, D: tl.constexpr,
                          HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
@@ -164,7 +166,7 @@ if triton is not None:
         y = x * inv_rms(x, D, eps)[:, None] * w[None, :]
         tl.store(out_ptr + dst, y.to(out_ptr.dtype.element_ty), mask=mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n_rows"])  # as _rms_norm_kernel
     def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, n_rows, heads,
                                x_st, x_sh, z_st, z_sh, eps, D: tl.constexpr,
                                ROUND_PRODUCT: tl.constexpr, BLOCK_R: tl.constexpr,

@@ -192,7 +192,9 @@ if triton is not None:
         tl.store(dst + hcols[None, :], (y1 * cos1 - y2 * sin1).to(dtype), mask=hmask)
         tl.store(dst + half + hcols[None, :], (y2 * cos2 + y1 * sin2).to(dtype), mask=hmask)
 
-    @triton.jit
+    # the token and block counts change from step to step and only bound the rows: one variant
+    # where their value classes (== 1, divisible by 16, other) made up to nine
+    @triton.jit(do_not_specialize=["n_tokens", "q_blocks"])
     def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, k_out,
                              n_tokens, nq, nkv, q_st, q_sh, k_st, k_sh, q_blocks, eps,
                              HD: tl.constexpr, ROT: tl.constexpr, UNIT_OFFSET: tl.constexpr,
