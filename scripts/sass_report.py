@@ -12,6 +12,12 @@ activation rows (default 1, a one-token step).
     .venv/bin/python scripts/sass_report.py --gemm       # the prefill GEMM too
     .venv/bin/python scripts/sass_report.py --moe        # the MoE prompt GEMMs (64-row blocks)
 
+With the GPU machine's Triton (3.6) instead of the venv's, as the device compiles:
+
+    .venv/bin/python -m pip install -q --target /tmp/t36 --no-deps \
+        /opt/pypi/files/triton-3.6.0-cp311-*.whl
+    PYTHONPATH=/tmp/t36 .venv/bin/python scripts/sass_report.py
+
 The budget an H200 gives an nvfp4 GEMV at 4.24 TB/s is ~4.4 instructions per weight at full
 issue rate (132 SMs x 4 schedulers x 1.98 GHz x 32 lanes / 7.5e12 weights/s).
 """
