@@ -11,6 +11,7 @@ from engine_helpers import TickingClock, alone, drain, engine, greedy, prompt, r
 
 from ninfer_runtime import LLM
 from ninfer_runtime.engine import AdmissionError, Engine, EngineConfig, SamplingParams
+from ninfer_runtime.engine.request import RequestStats, SpecCounters
 from ninfer_runtime.models.loading import LoadedModel
 
 ModelFactory = Callable[[str], LoadedModel]
@@ -227,6 +228,17 @@ def test_stats_are_cumulative_snapshots(tiny_model: ModelFactory) -> None:
     assert outs[0].stats.decode_seconds == 0.0 and final.decode_seconds > 0.0
     assert all(len(o.new_logprobs) == 1 and len(o.new_logprobs[0].top) == 2 for o in outs)
     assert outs[0].new_logprobs[0].token_id == outs[0].new_token_ids[0]
+
+
+def test_a_stats_snapshot_keeps_its_values_when_the_request_goes_on() -> None:
+    stats = RequestStats(completion_tokens=3)
+    stats.spec.accepted_per_position.extend([2, 1])
+    snap = stats.snapshot()
+    stats.completion_tokens += 1
+    stats.spec.rounds += 1
+    stats.spec.accepted_per_position[0] += 1
+    assert snap == RequestStats(completion_tokens=3, spec=SpecCounters(
+        accepted_per_position=[2, 1]))
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(tiny_model: ModelFactory) -> None:

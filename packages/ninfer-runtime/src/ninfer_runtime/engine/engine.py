@@ -17,7 +17,6 @@ tokens per request, scanned in order for stop tokens and max_tokens.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -292,7 +291,7 @@ class Engine:
             self.scheduler.finish(state.request_id)
         logprobs = None if new[0][1] is None else tuple(lp for _, lp in new if lp is not None)
         return RequestOutput(state.request_id, tuple(t for t, _ in new), logprobs,
-                             reason is not None, reason, copy.deepcopy(stats))
+                             reason is not None, reason, stats.snapshot())
 
     def _finish_reason(self, state: RequestState, token: int) -> FinishReason | None:
         """"stop" on a stop token (eos unless ignore_eos), "length" at max_tokens. Admission

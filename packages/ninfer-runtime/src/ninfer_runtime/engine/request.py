@@ -6,7 +6,7 @@ that produced tokens or finished. Everything here is plain data: no tensors, no 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -71,6 +71,12 @@ class RequestStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     spec: SpecCounters = field(default_factory=SpecCounters)
+
+    def snapshot(self) -> RequestStats:
+        """A copy later steps leave alone (each RequestOutput carries one); copy.deepcopy
+        took ~0.1 ms, a step's every output."""
+        spec = replace(self.spec, accepted_per_position=list(self.spec.accepted_per_position))
+        return replace(self, spec=spec)
 
 
 @dataclass(frozen=True, slots=True)
