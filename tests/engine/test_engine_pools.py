@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -104,7 +106,12 @@ def test_step_batch_layout() -> None:
     assert b.slot_mapping.tolist() == [5, 6, 7, 0, 11, 12]
     assert b.state_slots.tolist() == [2, 0, 1]
     assert b.logits_rows.tolist() == [2, 4, 5]
-    assert all(t.dtype == torch.int64 for t in (b.token_ids, b.slot_mapping, b.page_tables))
+    tensors = [t for f in dataclasses.fields(b) if isinstance(t := getattr(b, f.name),
+                                                               torch.Tensor)]
+    assert all(t.dtype == torch.int64 and t.is_contiguous() for t in tensors)
+    # one transfer for all, each field on 16 bytes (Triton specializes on pointer alignment)
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+    assert all(t.data_ptr() % 16 == 0 for t in tensors)
     with pytest.raises(ValueError, match="does not fit"):
         StepBatch.build([Segment([1, 2], start=3, pages=[0], state_slot=0)], 4, "cpu")
 
