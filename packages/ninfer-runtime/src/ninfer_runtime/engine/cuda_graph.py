@@ -153,7 +153,6 @@ class StepGraphs:
         entry.graph.replay()
         return entry.outputs
 
-
     def replay(self, shape: GraphShape) -> None:
         """Replay `shape`'s captured graph on whatever its static inputs hold (benchmarks:
         the step's GPU time with no host work between replays)."""

@@ -26,6 +26,12 @@ def linear_ref(x: torch.Tensor, w: Weight) -> torch.Tensor:
     return F.linear(x, weight)
 
 
+def _packed_kernels(x: torch.Tensor, w: Weight) -> bool:
+    """Whether x @ w^T runs quant_linear's kernels (a packed weight they take, on CUDA)."""
+    return (isinstance(w, PackedWeight) and quant_linear.supports(w)
+            and use_triton(x, *w.parts.values()))
+
+
 def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     """x [..., in] @ w[out, in]^T -> [..., out], in x.dtype (see `linear_ref`)."""
     rows = x.reshape(-1, x.shape[-1])
@@ -33,7 +39,7 @@ def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
         if not skinny_linear.applies(rows, w):
             return F.linear(x, w)
         out = skinny_linear.skinny_linear(rows, w)
-    elif quant_linear.supports(w) and use_triton(x, *w.parts.values()):
+    elif _packed_kernels(x, w):
         out = quant_linear.packed_linear(rows if rows.stride(-1) == 1 else rows.contiguous(), w)
     else:
         return linear_ref(x, w)
@@ -45,8 +51,7 @@ def silu_mul_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     step's few rows through a packed weight take the SiLU in the GEMV's activation pass: one
     launch fewer per MLP."""
     rows = x.reshape(-1, x.shape[-1])
-    if (isinstance(w, PackedWeight) and quant_linear.supports(w) and rows.stride(-1) == 1
-            and quant_linear.decodes(rows) and use_triton(x, *w.parts.values())):
+    if rows.stride(-1) == 1 and quant_linear.decodes(rows) and _packed_kernels(x, w):
         out = quant_linear.packed_linear(rows, w, swiglu=True)
         return out.view(*x.shape[:-1], w.shape[0])
     return linear(silu_and_mul(x), w)

@@ -80,6 +80,9 @@ except ImportError:  # CPU-only install: linear() runs the reference
 
 SKINNY_MAX_M = 16  # up to here the decode kernel, above it the tiled GEMM
 DEQUANT_MIN_M = 512  # from here dequantize once and call cuBLAS (_dequant_kernel)
+# nvfp4 global-scale runs given one cuBLAS GEMM each (a fused weight has up to 4 sources);
+# scales that change more often are applied to an fp32 product instead (dequant_matmul)
+_MAX_ALPHA_RUNS = 8
 # the decode kernel's fp16 operands come from inline PTX on the GPU (False: the pure-Triton
 # twin, bit-identical and slower; the interpreter always runs the twin)
 DECODE_ASM = True
@@ -227,9 +230,6 @@ def dequant_matmul(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
     acc = torch.mm(x, w.t(), out_dtype=torch.float32) if x.is_cuda and half \
         else x.float() @ w.float().t()
     torch.mul(acc, ops.gscale * 2.0**8, out=out)
-
-
-_MAX_ALPHA_RUNS = 8  # a fused weight has up to 4 sources (GDN's q|k|v|z)
 
 
 _GSCALE_RUNS: WeakIdKeyDictionary = WeakIdKeyDictionary()
