@@ -43,7 +43,7 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
   local name=${1%@*}
   [[ $1 == *@* ]] && local MODE=${1#*@}
   case $name in
-    tests) timeout "${TEST_SECONDS:-300}" python3 -m pytest -q -p no:cacheprovider -rf \
+    tests) timeout -s INT -k 20 "${TEST_SECONDS:-300}" python3 -m pytest -q -p no:cacheprovider -rf \
              --tb=short -k "${TEST_K:-}" ${TESTS:-tests/kernels/test_linear.py tests/kernels/test_moe.py \
              tests/kernels/test_quant_decode.py tests/kernels/test_attention.py \
              tests/kernels/test_gdn_kernels.py tests/kernels/test_skinny_linear.py \
@@ -56,14 +56,14 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
     eng27c1) engine 240 qwen3_6_27b_nvfp4 --concurrency 1 ;;
     eng27q) engine 180 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown ;;
     eng27int) engine 150 qwen3_6_27b_groupwise-int --concurrency 1 --no-breakdown ;;
-    eng27pdl) NINFER_PDL=1 engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
-                --output "$out/pdl" ;;
-    eng35pdl) NINFER_PDL=1 engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
-                --output "$out/pdl" ;;
-    eng27nopf) NINFER_L2_PREFETCH=0 engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
-                 --output "$out/nopf" ;;
-    eng35nopf) NINFER_L2_PREFETCH=0 engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \
-                 --no-breakdown --output "$out/nopf" ;;
+    eng27nopdl) NINFER_PDL=0 engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
+                  --output "$out/nopdl" ;;
+    eng35nopdl) NINFER_PDL=0 engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
+                  --output "$out/nopdl" ;;
+    eng27pf) NINFER_L2_PREFETCH=1 engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
+               --output "$out/pf" ;;
+    eng35pf) NINFER_L2_PREFETCH=1 engine 240 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \
+               --no-breakdown --output "$out/pf" ;;
     mtp27) engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
              --spec mtp --draft-tokens 3 --lm-head-draft ;;
     dflash27) engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \

@@ -47,7 +47,7 @@ from ninfer_runtime.ops import quant_linear as ql  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 TOP_OPCODES = int(os.environ.get("SASS_TOP", "8"))
 ROWS = int(os.environ.get("SASS_ROWS", "1"))  # decode activation rows (the row tile follows)
-PREFETCH = os.environ.get("NINFER_L2_PREFETCH", "1") == "1"  # the decode's L2 prefetch
+PREFETCH = os.environ.get("NINFER_L2_PREFETCH", "0") == "1"  # the decode's L2 prefetch
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ARGS = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "g_ptr", "out_ptr", "M", "N", "K", "stride_x",
         "stride_w", "stride_s")

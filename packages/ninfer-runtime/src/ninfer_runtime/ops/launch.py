@@ -9,8 +9,9 @@ waits before it ends, every earlier kernel's too), then lets this kernel's own s
 So each kernel launched with `options(...)` calls `wait_for_inputs` before its first load;
 torch and cuBLAS kernels launch as usual and wait for their predecessors in full.
 
-Off until it has run on a GPU: NINFER_PDL=1 turns it on (Hopper and later; the interpreter
-never uses it).
+On by default on Hopper and later (the interpreter never uses it): on the H200 it gave the
+tokens of plain launches (the GPU test) and a 27B decode step 2.8% shorter (docs/perf.md).
+NINFER_PDL=0 turns it off, for comparison.
 """
 
 from __future__ import annotations
@@ -31,16 +32,17 @@ except ImportError:  # CPU-only install: nothing here is used
 
 @cache
 def _pdl(device: torch.device) -> bool:
-    return (os.environ.get("NINFER_PDL", "0") == "1" and device.type == "cuda"
+    return (os.environ.get("NINFER_PDL", "1") == "1" and device.type == "cuda"
             and not INTERPRET
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 @cache
 def l2_prefetch(device: torch.device) -> bool:
-    """Whether kernels on `device` may use `prefetch_to_l2` (Hopper and later; off under the
-    interpreter, or with NINFER_L2_PREFETCH=0 to compare)."""
-    return (os.environ.get("NINFER_L2_PREFETCH", "1") == "1" and device.type == "cuda"
+    """Whether kernels on `device` may use `prefetch_to_l2`: off unless NINFER_L2_PREFETCH=1
+    (Hopper and later, never under the interpreter). On the H200 it made the 27B decode step
+    slower (10.71 ms against 9.83 ms without, docs/perf.md), so it stays for experiments."""
+    return (os.environ.get("NINFER_L2_PREFETCH", "0") == "1" and device.type == "cuda"
             and not INTERPRET and torch.cuda.get_device_capability(device)[0] >= 9)
 
 

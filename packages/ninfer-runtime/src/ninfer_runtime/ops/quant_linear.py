@@ -37,9 +37,9 @@ Kernels:
   to K splits on every 27B shape by 25-100%, docs/perf.md): each part goes to a fp32 buffer,
   and the last part of a row tile to arrive (an atomic counter per tile) adds them all in a
   fixed order and writes the output: deterministic, no second kernel, counters left at zero
-  for graph replays. Before it waits for its inputs (PDL), a program asks L2 for up to 48 KB
-  of its codes at once (`launch.prefetch_to_l2`, Hopper; NINFER_L2_PREFETCH=0 turns it off):
-  Nsight Compute found the kernel latency-bound with only a pipeline's few stages in flight.
+  for graph replays. With NINFER_L2_PREFETCH=1, before it waits for its inputs (PDL), a
+  program asks L2 for up to 48 KB of its codes at once (`launch.prefetch_to_l2`, Hopper):
+  Nsight Compute found the kernel latency-bound, but on the H200 the prefetch lost (9%).
 - `_gemm_kernel`, prefill (M > SKINNY_MAX_M; fp32 activations at every M): tiled tensor-core
   GEMM; the [BN, BK] weight tile
   is dequantized in registers to x.dtype (exact for nvfp4 in bf16 and fp16), interleaved back
