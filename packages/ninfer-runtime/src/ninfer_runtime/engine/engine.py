@@ -52,6 +52,7 @@ from ninfer_runtime.engine.stats import IntervalRecorder, StepRecord
 from ninfer_runtime.models.cache import GDNSlots, PagedKV
 from ninfer_runtime.models.loading import load_artifact
 from ninfer_runtime.models.qwen3_5 import Qwen3_5Model
+from ninfer_runtime.ops.dispatch import ops_mode
 
 if TYPE_CHECKING:
     from ninfer_runtime.tokenizer import Tokenizer
@@ -93,8 +94,10 @@ class Engine:
         self.memory_plan = plan_device_memory(model, config, draft_kv) if on_gpu else None
         capacity = (self.memory_plan.kv_capacity if self.memory_plan is not None
                     else resolve_kv_capacity(config, model.config, model.dtype, model.device))
+        # the torch references read tensors on the host (cu_seqlens.tolist()), which graph
+        # capture forbids: NINFER_OPS=ref, the oracle, runs its steps eagerly
         self.config = replace(config, kv_capacity=capacity, device=str(model.device),
-                              cuda_graphs=config.cuda_graphs and on_gpu)
+                              cuda_graphs=config.cuda_graphs and on_gpu and ops_mode() != "ref")
         num_pages, int8_kv = capacity // config.page_size, config.kv_dtype == "int8"
         # a speculative request holds K extra GDN state slots (engine.spec.rollback)
         self.caches = model.allocate_cache(num_pages, config.page_size,
