@@ -10,7 +10,7 @@ So each kernel launched with `options(...)` calls `wait_for_inputs` before its f
 torch and cuBLAS kernels launch as usual and wait for their predecessors in full.
 
 On by default on Hopper and later (the interpreter never uses it): on the H200 it gave the
-tokens of plain launches (the GPU test) and a 27B decode step 2.8% shorter (docs/perf.md).
+tokens of plain launches (the GPU test) and a 27B decode step 2.7% shorter (docs/perf.md).
 NINFER_PDL=0 turns it off, for comparison.
 """
 
