@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
 from ninfer_runtime.ops.kv_quant import dequantize_int8, quantize_int8
-from ninfer_runtime.ops.launch import options
+from ninfer_runtime.ops.launch import dot_precision, options
 from ninfer_runtime.ops.varlen import num_blocks
 
 try:
@@ -566,7 +566,7 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         GROUP_HEADS=nq // nkv, BLOCK_M=plan.block_m, HEAD_DIM=d, GROUP=group,
         PAGE_SIZE=page_size, NUM_SPLITS=plan.num_splits, QUANT=quant, HAS_GATE=gate is not None,
         CAUSAL=causal, HAS_WINDOW=window is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION=dot_precision(q.dtype),
         ASM=KV_DEQUANT_ASM and q.dtype != torch.float32 and plan.block_m <= DECODE_BLOCK_M,
         **options(q.device),
     )

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from ninfer_runtime.ops.conv import causal_conv1d_update, check_conv_args
 from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
-from ninfer_runtime.ops.launch import options
+from ninfer_runtime.ops.launch import dot_precision, options
 from ninfer_runtime.ops.varlen import num_blocks
 
 try:
@@ -351,6 +351,9 @@ def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     assert cu_seqlens.dtype == slots.dtype == torch.int64
     assert cu_seqlens.is_contiguous() and slots.is_contiguous()
     seqs = slots.shape[0]
+    # fp32 operands in every dot; TF32 products (finer than the bf16 operands fla-style
+    # kernels use) unless the model itself is fp32
+    precision = dot_precision(v.dtype)
     out = torch.empty(n, nv, dv, dtype=v.dtype, device=v.device)
     # Workspace, fp32: the chunks' state-independent terms (27B: 64 KiB a token), made for
     # every chunk at once, then read by the sequential scan straight into its dots.
@@ -363,7 +366,7 @@ def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         dk**-0.5, GROUP=nv // nk, DK=dk, DV=dv, C=CHUNK_SIZE, SUB=_SUBCHUNK,
         SQUARINGS=max(0, (nblocks - 1).bit_length() - 1), BV=min(dv, 64),
-        PRECISION=_DOT_PRECISION, num_warps=_PREPARE_WARPS)
+        PRECISION=precision, num_warps=_PREPARE_WARPS)
 
     # the scan's products for the output kernel: each chunk's delta and starting state
     # (27B: 24 KiB a token and 3 MiB a chunk of 64, fp32)
@@ -373,10 +376,10 @@ def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     _gdn_chunked_kernel[lambda meta: (seqs, nv, dv // meta["BV"])](
         kn, g, w, u, delta, hs, states, cu_seqlens, slots, g.stride(0), states.stride(0),
         states.stride(1), GROUP=nv // nk, DK=dk, DV=dv, C=CHUNK_SIZE,
-        PRECISION=_DOT_PRECISION)
+        PRECISION=precision)
     _gdn_chunk_output_kernel[lambda meta: (blocks, nv, dv // meta["BV"])](
         qn, kn, g, delta, hs, out, cu_seqlens, seqs, g.stride(0), out.stride(0),
-        out.stride(1), GROUP=nv // nk, DK=dk, DV=dv, C=CHUNK_SIZE, PRECISION=_DOT_PRECISION)
+        out.stride(1), GROUP=nv // nk, DK=dk, DV=dv, C=CHUNK_SIZE, PRECISION=precision)
     return out
 
 
@@ -384,8 +387,6 @@ def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
 _SUBCHUNK = 16
 # The prepare kernel holds a few [64, 128] fp32 tiles: 8 warps keep them in registers.
 _PREPARE_WARPS = 8
-# tf32 tensor-core dots on fp32 operands: finer than the bf16 operands fla-style kernels use.
-_DOT_PRECISION = "tf32"
 
 
 def _configs(options: list[tuple[int, int, int]]) -> list:

@@ -46,6 +46,13 @@ def l2_prefetch(device: torch.device) -> bool:
             and not INTERPRET and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input precision for operands of a model in `dtype`: an fp32 model (the
+    oracle the tests compare with) gets exact fp32 products, any other TF32, which is finer
+    than its own bf16 or fp16 operands."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def options(device: torch.device) -> dict:
     """Launch arguments of a PDL kernel on `device`: its GDC constexpr and Triton's
     launch_pdl, both off where PDL is not used."""

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from ninfer_runtime.ops import quant_linear
 from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
-from ninfer_runtime.ops.launch import l2_prefetch, options
+from ninfer_runtime.ops.launch import dot_precision, l2_prefetch, options
 from ninfer_runtime.quant import PackedWeight
 
 try:
@@ -226,10 +226,6 @@ class _Experts:
         return cls(scheme, *parts, shape)
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
 def grouped_block_m(pairs: int, num_experts: int) -> int:
     """Rows per block from the mean rows per used expert: 16 at decode (one block each),
     up to 64 for long prefills (fewer weight re-reads per row). Part of the grouped GEMM's
@@ -296,7 +292,7 @@ def _launch_grouped(a: torch.Tensor, w: _Experts, out: torch.Tensor, al: Alignme
         out, out.stride(0), al.sorted_slots, al.block_expert, weights,
         n, k, weights.numel(), top_k,
         SCHEME=w.scheme, QSCHEME=qscheme, WPS=wps, SWIGLU=swiglu, BLOCK_M=al.block_m,
-        DOT_PRECISION=_dot_precision(a.dtype))
+        DOT_PRECISION=dot_precision(a.dtype))
 
 
 def _launch_moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,

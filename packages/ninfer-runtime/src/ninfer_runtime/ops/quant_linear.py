@@ -68,7 +68,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ninfer_runtime.ops import tuning_cache
 from ninfer_runtime.ops.dispatch import INTERPRET
-from ninfer_runtime.ops.launch import l2_prefetch, options
+from ninfer_runtime.ops.launch import dot_precision, l2_prefetch, options
 from ninfer_runtime.ops.quant_decode import INT_F16_BIAS, NV_F16_EXP
 from ninfer_runtime.quant import PackedWeight
 
@@ -247,11 +247,6 @@ def _gscale_runs(gscale: torch.Tensor) -> list[tuple[int, int, float]]:
         runs = [(a, b, values[a] * 2.0**8) for a, b in zip(starts, ends, strict=True)]
         _GSCALE_RUNS[gscale] = runs
     return runs
-
-
-def _precision(x: torch.Tensor) -> str:
-    """tl.dot input precision: fp32 activations (CPU tests) get exact fp32, not TF32."""
-    return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
 @cache
@@ -488,7 +483,7 @@ def _launch_gemm(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
     _gemm[grid](x, ops.words, ops.scale, ops.zero, ops.gscale, out, m, n, k, x.stride(0),
                 ops.words.stride(0), ops.scale.stride(0), triton.next_power_of_2(m),
                 SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale,
-                PRECISION=_precision(x))
+                PRECISION=dot_precision(x.dtype))
 
 
 def _graph_bench(kernel_call: Callable[[], object], quantiles: tuple[float, ...]) -> object:
