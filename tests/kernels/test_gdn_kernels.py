@@ -1,11 +1,11 @@
 """The GDN kernels (fused decode, varlen conv, chunked rule) against their torch references.
 
 On CPU the kernels run in Triton's interpreter with exact fp32 dots, so fp32 results agree to
-rounding; on CUDA the chunked kernel's dots are tf32 for half inputs and get a looser bound. Shapes are tiny
-but keep the real structure: grouped value heads (3 per k-head, as in the 27B), dk != dv,
-segments of 1 token, shorter than the conv window, and across chunk boundaries. dv 32 splits
-into two decode column tiles under the interpreter, so each k-head's q/k conv window is shared
-by 3 heads x 2 tiles = 6 decode programs.
+rounding; on CUDA the chunked kernel's dots are tf32 for half inputs and get a looser bound.
+Shapes are tiny but keep the real structure: grouped value heads (3 per k-head, as in the
+27B), dk != dv, segments of 1 token, shorter than the conv window, and across chunk boundaries.
+dv 32 splits into two decode column tiles under the interpreter, so each k-head's q/k conv
+window is shared by 3 heads x 2 tiles = 6 decode programs.
 """
 
 from __future__ import annotations
