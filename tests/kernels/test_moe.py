@@ -64,13 +64,21 @@ def test_route(tokens: int, experts: int, top_k: int, dtype: torch.dtype) -> Non
     torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
 
 
-# (tokens, top_k, experts, block_m): decode, several chunks of pairs, the real 256 experts
+# (tokens, top_k, experts, block_m): decode, several chunks of pairs, the real 256 experts,
+# a prompt chunk's shape (256 routed experts and the shared one, 9 slots)
 ALIGN_CASES = [(1, 8, 256, 16), (8, 8, 256, 16), (7, 2, 8, 16), (45, 2, 8, 16),
-               (45, 2, 8, 32), (3, 2, 5, 16)]
+               (45, 2, 8, 32), (3, 2, 5, 16), (300, 9, 257, 64)]
 
 
+@pytest.mark.parametrize("spans", [0, 64])
 @pytest.mark.parametrize("case", ALIGN_CASES)
-def test_align_sorts_pairs_into_expert_blocks(case: tuple[int, int, int, int]) -> None:
+def test_align_sorts_pairs_into_expert_blocks(case: tuple[int, int, int, int], spans: int,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """spans 0: one program; 64: the prompt path, one program per 64 pairs (the last span
+    partial), as if every case were above ALIGN_ONE_PROGRAM_MAX."""
+    if spans:
+        monkeypatch.setattr(moe, "ALIGN_ONE_PROGRAM_MAX", 0)
+        monkeypatch.setattr(moe, "ALIGN_SPAN", spans)
     tokens, top_k, experts, block_m = case
     ids = random_ids(tokens, top_k, experts, seed=tokens).to(DEVICE)
     ref = align_ref(ids, experts, block_m)

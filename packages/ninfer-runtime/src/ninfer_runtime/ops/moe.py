@@ -61,7 +61,12 @@ ExpertWeight = torch.Tensor | PackedWeight
 PLAIN, NVFP4, INT4 = 0, 1, 2
 _SCHEMES = {"nvfp4": NVFP4, "groupwise-int": INT4}
 INT4_GROUP = 128  # quant.groupwise_int.GROUP: a K tile must lie inside one group
-ALIGN_KERNEL_MAX = 4096  # (token, slot) pairs the one-program align kernel takes; more: torch
+# `align` sorts up to this many (token, slot) pairs in one program and launch; more (prompt
+# chunks: 1,024 tokens x 9 slots in the 35B) in three launches, one program per ALIGN_SPAN
+# pairs (count, blocks, place): few launches matter, since a prompt chunk's many short
+# kernels leave the GPU waiting on the host (docs/perf.md, sixth run)
+ALIGN_ONE_PROGRAM_MAX = 4096
+ALIGN_SPAN = 512
 # Up to this many tokens moe_experts takes the GEMV path: a pair's expert is read by its own
 # programs (L2 absorbs repeats of an expert within the step); above it, sorting by expert pays.
 DECODE_MAX_TOKENS = 16
@@ -164,8 +169,8 @@ def route(router_logits: torch.Tensor, top_k: int, shared: bool = False
 
 
 def align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
-    """`align_ref`, by one Triton program when there are few pairs (decode: one launch)."""
-    if not use_triton(ids) or ids.numel() > ALIGN_KERNEL_MAX:
+    """`align_ref` in Triton: one launch at decode sizes, three for prompt chunks."""
+    if not use_triton(ids):
         return align_ref(ids, num_experts, block_m)
     return _launch_align(ids, num_experts, block_m)
 
@@ -257,9 +262,19 @@ def _launch_align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignmen
     num_blocks = _num_blocks(n, num_experts, block_m)
     sorted_slots = torch.empty(num_blocks * block_m, dtype=torch.int64, device=flat.device)
     block_expert = torch.empty(num_blocks, dtype=torch.int64, device=flat.device)
-    _align_kernel[(1,)](flat, sorted_slots, block_expert, n, num_blocks,
-                        BLOCK_M=block_m, EXPERTS=triton.next_power_of_2(num_experts),
-                        CHUNK=32, num_warps=4)
+    sizes = {"BLOCK_M": block_m, "EXPERTS": triton.next_power_of_2(num_experts), "CHUNK": 32,
+             "num_warps": 4}
+    if n <= ALIGN_ONE_PROGRAM_MAX:
+        _align_kernel[(1,)](flat, sorted_slots, block_expert, n, num_blocks, **sizes)
+        return Alignment(sorted_slots, block_expert, block_m)
+    spans = triton.cdiv(n, ALIGN_SPAN)
+    span_rows = torch.empty((spans, sizes["EXPERTS"]), dtype=torch.int32, device=flat.device)
+    _align_count_kernel[(spans,)](flat, span_rows, n, SPAN=ALIGN_SPAN, EXPERTS=sizes["EXPERTS"],
+                                  CHUNK=32, num_warps=4)
+    _align_blocks_kernel[(1,)](span_rows, sorted_slots, block_expert, n, num_blocks, spans,
+                               **sizes)
+    _align_place_kernel[(spans,)](flat, sorted_slots, span_rows, n, SPAN=ALIGN_SPAN,
+                                  EXPERTS=sizes["EXPERTS"], CHUNK=32, num_warps=4)
     return Alignment(sorted_slots, block_expert, block_m)
 
 
@@ -496,25 +511,28 @@ if triton is not None:
             tl.store(ids_out + t * (TOP_K + 1) + TOP_K, num_experts.to(tl.int64))
 
     @triton.jit
-    def _align_kernel(flat_ids, sorted_slots, block_expert, n, num_blocks,
-                      BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
-        """One program: align_ref's sort in three sweeps over CHUNK pairs or blocks.
-
-        A [CHUNK, EXPERTS] one-hot stands in for gathers from per-expert register vectors.
-        The stores are disjoint (pairs to their rows, the sentinel to the padding rows), so
-        no barrier is needed.
-        """
+    def _count_pairs(flat_ids, lo, hi, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
+        """[EXPERTS] int32: how many of the pairs [lo, hi) go to each expert. A [CHUNK,
+        EXPERTS] one-hot stands in for scatters into a register vector."""
         experts = tl.arange(0, EXPERTS)
         lane = tl.arange(0, CHUNK)
         counts = tl.zeros([EXPERTS], dtype=tl.int32)
-        for c0 in range(0, n, CHUNK):
-            e = tl.load(flat_ids + c0 + lane, mask=c0 + lane < n, other=EXPERTS)
+        for c0 in range(lo, hi, CHUNK):
+            e = tl.load(flat_ids + c0 + lane, mask=c0 + lane < hi, other=EXPERTS)
             counts += tl.sum((e[:, None] == experts[None, :]).to(tl.int32), axis=0)
+        return counts
+
+    @triton.jit
+    def _write_blocks(counts, sorted_slots, block_expert, n, num_blocks,
+                      BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
+        """From every expert's pair count: each block's owner expert (or -1), and the sentinel
+        n on the rows past the owner's count. Returns each expert's first row [EXPERTS]."""
+        experts = tl.arange(0, EXPERTS)
+        lane = tl.arange(0, CHUNK)
         blocks = (counts + BLOCK_M - 1) // BLOCK_M
         block_end = tl.cumsum(blocks, axis=0)
         first_row = (block_end - blocks) * BLOCK_M
         total = tl.sum(blocks, axis=0)
-        # blocks: owner expert (or -1), and the sentinel on rows past the owner's count
         row = tl.arange(0, BLOCK_M)
         for b0 in range(0, num_blocks, CHUNK):
             b = b0 + lane
@@ -529,18 +547,71 @@ if triton is not None:
             pad = (flat_row - start[:, None] >= count[:, None]) | ~used[:, None]
             tl.store(sorted_slots + flat_row, tl.full([CHUNK, BLOCK_M], n, tl.int64),
                      mask=pad & (b[:, None] < num_blocks))
-        # pairs: row = expert's first row + pairs of that expert before this one
-        seen = tl.zeros([EXPERTS], dtype=tl.int32)
-        for c0 in range(0, n, CHUNK):
+        return first_row
+
+    @triton.jit
+    def _place_pairs(flat_ids, sorted_slots, lo, hi, next_row, EXPERTS: tl.constexpr,
+                     CHUNK: tl.constexpr):
+        """Pairs [lo, hi) in order to their rows: pair i of expert e goes to next_row[e]
+        [EXPERTS] plus the pairs of e in [lo, i), so each expert keeps the flat order."""
+        experts = tl.arange(0, EXPERTS)
+        lane = tl.arange(0, CHUNK)
+        for c0 in range(lo, hi, CHUNK):
             i = c0 + lane
-            valid = i < n
+            valid = i < hi
             e = tl.load(flat_ids + i, mask=valid, other=EXPERTS)
             hot = e[:, None] == experts[None, :]
-            base = tl.sum(tl.where(hot, (first_row + seen)[None, :], 0), axis=1)
+            base = tl.sum(tl.where(hot, next_row[None, :], 0), axis=1)
             earlier = (e[:, None] == e[None, :]) & (lane[None, :] < lane[:, None])
             rank = tl.sum(earlier.to(tl.int32), axis=1)
             tl.store(sorted_slots + base + rank, i.to(tl.int64), mask=valid)
-            seen += tl.sum(hot.to(tl.int32), axis=0)
+            next_row += tl.sum(hot.to(tl.int32), axis=0)
+
+    @triton.jit
+    def _align_kernel(flat_ids, sorted_slots, block_expert, n, num_blocks,
+                      BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
+        """One program: align_ref's sort in three sweeps (count, blocks, place). The stores
+        are disjoint (pairs to their rows, the sentinel to the padding rows): no barrier."""
+        counts = _count_pairs(flat_ids, 0, n, EXPERTS, CHUNK)
+        first_row = _write_blocks(counts, sorted_slots, block_expert, n, num_blocks,
+                                  BLOCK_M, EXPERTS, CHUNK)
+        _place_pairs(flat_ids, sorted_slots, 0, n, first_row, EXPERTS, CHUNK)
+
+    @triton.jit(do_not_specialize=["n"])
+    def _align_count_kernel(flat_ids, span_rows, n, SPAN: tl.constexpr,
+                            EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
+        """Program p: the per-expert counts of pairs [p * SPAN, (p + 1) * SPAN) -> span_rows[p]."""
+        p = tl.program_id(0)
+        lo = p * SPAN
+        counts = _count_pairs(flat_ids, lo, tl.minimum(lo + SPAN, n), EXPERTS, CHUNK)
+        tl.store(span_rows + p * EXPERTS + tl.arange(0, EXPERTS), counts)
+
+    @triton.jit(do_not_specialize=["n", "num_blocks", "spans"])
+    def _align_blocks_kernel(span_rows, sorted_slots, block_expert, n, num_blocks, spans,
+                             BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr,
+                             CHUNK: tl.constexpr):
+        """One program: the totals of the spans' counts, the blocks, then span_rows[p] becomes
+        the row where span p's first pair of each expert goes."""
+        experts = tl.arange(0, EXPERTS)
+        counts = tl.zeros([EXPERTS], dtype=tl.int32)
+        for p in range(0, spans):
+            counts += tl.load(span_rows + p * EXPERTS + experts)
+        next_row = _write_blocks(counts, sorted_slots, block_expert, n, num_blocks,
+                                 BLOCK_M, EXPERTS, CHUNK)
+        for p in range(0, spans):
+            span_counts = tl.load(span_rows + p * EXPERTS + experts)
+            tl.store(span_rows + p * EXPERTS + experts, next_row)
+            next_row += span_counts
+
+    @triton.jit(do_not_specialize=["n"])
+    def _align_place_kernel(flat_ids, sorted_slots, span_rows, n, SPAN: tl.constexpr,
+                            EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
+        """Program p places the pairs of its span from the rows span_rows[p] gives."""
+        p = tl.program_id(0)
+        lo = p * SPAN
+        next_row = tl.load(span_rows + p * EXPERTS + tl.arange(0, EXPERTS))
+        _place_pairs(flat_ids, sorted_slots, lo, tl.minimum(lo + SPAN, n), next_row,
+                     EXPERTS, CHUNK)
 
     @triton.jit
     def _e4m3_f16(raw):
