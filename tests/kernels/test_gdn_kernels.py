@@ -26,6 +26,7 @@ from ninfer_runtime.ops.gdn import (
     gdn_decode,
     gdn_decode_ref,
     gdn_gating,
+    gdn_gating_ref,
     recurrent_gated_delta_rule,
 )
 
@@ -82,6 +83,22 @@ def run_decode(fn, x: dict[str, torch.Tensor], cu: torch.Tensor, slots: torch.Te
     conv, states = x["conv_states"].clone(), x["states"].clone()
     args = {**x, "conv_states": conv, "states": states}
     return fn(**args, cu_seqlens=cu, slots=slots, snapshot_slots=snapshots), conv, states
+
+
+@pytest.mark.parametrize("dtype", [HALF, torch.float32])
+def test_gating_matches_reference(dtype: torch.dtype) -> None:
+    """A prompt chunk's gating in one launch: a and b are column views of one projection,
+    37 tokens (a partial last program), 6 heads (a padded tile), a + dt_bias on both sides
+    of softplus's linear threshold (20)."""
+    ba = rand(37, 2 * NV, seed=11, dtype=dtype) * 12
+    b, a = ba.chunk(2, dim=-1)
+    a_log = (torch.rand(NV, generator=torch.Generator().manual_seed(12)) * 2 + 0.01).log()
+    dt_bias = rand(NV, seed=13) + 10
+    g, beta = gdn_gating(a, b, a_log.to(DEVICE), dt_bias)
+    ref_g, ref_beta = gdn_gating_ref(a, b, a_log.to(DEVICE), dt_bias)
+    close(g, ref_g)
+    close(beta, ref_beta)
+    assert (a + dt_bias > 20).any() and (a + dt_bias < 20).any()
 
 
 @pytest.mark.parametrize("dtype", [HALF, torch.float32])

@@ -61,14 +61,24 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
-               dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gdn_gating_ref(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
+                   dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """g = -exp(A_log) * softplus(a + dt_bias) (log-decay <= 0) and beta = sigmoid(b), fp32.
 
     a, b [..., nv]; A_log, dt_bias [nv].
     """
     g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
     return g, b.float().sigmoid()
+
+
+def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
+               dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gdn_gating_ref` for a prompt chunk's a, b [N, nv] (row views of a projection): one
+    launch where the torch ops take eight, for a chunk whose short kernels leave the GPU
+    waiting on the host (docs/perf.md, sixth run). The decode kernel gates in place."""
+    if not use_triton(a, b, A_log, dt_bias) or a.dim() != 2:
+        return gdn_gating_ref(a, b, A_log, dt_bias)
+    return _launch_gating(a, b, A_log, dt_bias)
 
 
 def _heads_first(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -210,7 +220,7 @@ def gdn_decode_ref(
     """Reference of `gdn_decode`: conv update, gating and the recurrent rule, token by token."""
     nv, dk, dv = states.shape[1:]
     nk = _num_key_heads(mixed_qkv.shape[-1], states)
-    g, beta = gdn_gating(a, b, A_log, dt_bias)
+    g, beta = gdn_gating_ref(a, b, A_log, dt_bias)
     out = mixed_qkv.new_empty(mixed_qkv.shape[0], nv, dv)
     bounds = cu_seqlens.tolist()
     snaps = None if snapshot_slots is None else snapshot_slots.tolist()
@@ -260,6 +270,21 @@ def gdn_decode(
                               states, cu_seqlens, slots, snapshot_slots)
     return _launch_decode(mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states, states,
                           cu_seqlens, slots, snapshot_slots)
+
+
+def _launch_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
+                   dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    n, nv = a.shape
+    assert b.shape == (n, nv) and A_log.shape == dt_bias.shape == (nv,), \
+        f"gdn_gating: a {tuple(a.shape)}, b {tuple(b.shape)}, A_log and dt_bias [{nv}]"
+    assert a.stride(1) == b.stride(1) == 1 and A_log.is_contiguous() and dt_bias.is_contiguous()
+    g = torch.empty((n, nv), dtype=torch.float32, device=a.device)
+    beta = torch.empty_like(g)
+    rows = _GATING_ROWS
+    _gating_kernel[(triton.cdiv(n, rows),)](a, b, A_log, dt_bias, g, beta, n, a.stride(0),
+                                            b.stride(0), NV=nv, NVP=triton.next_power_of_2(nv),
+                                            ROWS=rows)
+    return g, beta
 
 
 def _check_state_pool(states: torch.Tensor) -> tuple[int, int, int]:
@@ -383,6 +408,8 @@ def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     return out
 
 
+# tokens per program of the gating kernel
+_GATING_ROWS = 16
 # Diagonal blocks of the chunk's triangular system solved by substitution (see the kernel).
 _SUBCHUNK = 16
 # The prepare kernel holds a few [64, 128] fp32 tiles: 8 warps keep them in registers.
@@ -427,16 +454,29 @@ if triton is not None:
         return x * tl.rsqrt(tl.sum(x * x, axis=-1, keep_dims=True) + eps)
 
     @triton.jit
-    def _gating(a_ptr, b_ptr, alog_ptr, dtb_ptr, t, h, stride_a, stride_b):
-        """(g, beta) of token t, value head h: -exp(A_log) softplus(a + dt_bias), sigmoid(b).
+    def _gating(a_ptr, b_ptr, alog_ptr, dtb_ptr, t, h, stride_a, stride_b, mask=None):
+        """(g, beta) of token t, value head h (or tiles of them, within `mask`):
+        -exp(A_log) softplus(a + dt_bias), sigmoid(b).
 
         softplus as torch computes it: linear above 20, where exp would lose nothing.
         """
-        x = tl.load(a_ptr + t * stride_a + h).to(tl.float32) + tl.load(dtb_ptr + h)
+        x = (tl.load(a_ptr + t * stride_a + h, mask=mask).to(tl.float32)
+             + tl.load(dtb_ptr + h, mask=mask).to(tl.float32))
         softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-        g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * softplus
-        beta = tl.sigmoid(tl.load(b_ptr + t * stride_b + h).to(tl.float32))
+        g = -tl.exp(tl.load(alog_ptr + h, mask=mask).to(tl.float32)) * softplus
+        beta = tl.sigmoid(tl.load(b_ptr + t * stride_b + h, mask=mask).to(tl.float32))
         return g, beta
+
+    @triton.jit(do_not_specialize=["n"])
+    def _gating_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, n, stride_a, stride_b,
+                       NV: tl.constexpr, NVP: tl.constexpr, ROWS: tl.constexpr):
+        """Program p: g and beta [ROWS, NV] of tokens p * ROWS ..., stored contiguous."""
+        t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+        h = tl.arange(0, NVP)[None, :]
+        mask = (t < n) & (h < NV)
+        g, beta = _gating(a_ptr, b_ptr, alog_ptr, dtb_ptr, t, h, stride_a, stride_b, mask)
+        tl.store(g_ptr + t * NV + h, g, mask=mask)
+        tl.store(beta_ptr + t * NV + h, beta, mask=mask)
 
     @triton.jit
     def _gdn_decode_kernel(
