@@ -262,19 +262,18 @@ def _launch_align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignmen
     num_blocks = _num_blocks(n, num_experts, block_m)
     sorted_slots = torch.empty(num_blocks * block_m, dtype=torch.int64, device=flat.device)
     block_expert = torch.empty(num_blocks, dtype=torch.int64, device=flat.device)
-    sizes = {"BLOCK_M": block_m, "EXPERTS": triton.next_power_of_2(num_experts), "CHUNK": 32,
-             "num_warps": 4}
+    experts = triton.next_power_of_2(num_experts)
+    sweeps = {"EXPERTS": experts, "CHUNK": 32, "num_warps": 4}  # every align kernel's
     if n <= ALIGN_ONE_PROGRAM_MAX:
-        _align_kernel[(1,)](flat, sorted_slots, block_expert, n, num_blocks, **sizes)
+        _align_kernel[(1,)](flat, sorted_slots, block_expert, n, num_blocks, BLOCK_M=block_m,
+                            **sweeps)
         return Alignment(sorted_slots, block_expert, block_m)
     spans = triton.cdiv(n, ALIGN_SPAN)
-    span_rows = torch.empty((spans, sizes["EXPERTS"]), dtype=torch.int32, device=flat.device)
-    _align_count_kernel[(spans,)](flat, span_rows, n, SPAN=ALIGN_SPAN, EXPERTS=sizes["EXPERTS"],
-                                  CHUNK=32, num_warps=4)
+    span_rows = torch.empty((spans, experts), dtype=torch.int32, device=flat.device)
+    _align_count_kernel[(spans,)](flat, span_rows, n, SPAN=ALIGN_SPAN, **sweeps)
     _align_blocks_kernel[(1,)](span_rows, sorted_slots, block_expert, n, num_blocks, spans,
-                               **sizes)
-    _align_place_kernel[(spans,)](flat, sorted_slots, span_rows, n, SPAN=ALIGN_SPAN,
-                                  EXPERTS=sizes["EXPERTS"], CHUNK=32, num_warps=4)
+                               BLOCK_M=block_m, **sweeps)
+    _align_place_kernel[(spans,)](flat, sorted_slots, span_rows, n, SPAN=ALIGN_SPAN, **sweeps)
     return Alignment(sorted_slots, block_expert, block_m)
 
 
