@@ -628,14 +628,18 @@ if triton is not None:
         """Expert e's weight rows `rows`, inputs [k0, k0 + BK), as tl.dot's [BN, BK] operand
         in DTYPE: plain weights as stored (SCHEME 0); packed ones by ops.quant_linear's tile
         decode (16-byte word loads, input order; nvfp4 e2m1 * s * 2^-8, exact)."""
+        # if/else, not an early return: Triton compiles the code after a constexpr branch's
+        # return too, and a 16-bit plain weight cannot take the packed path's uint32 bitcast
         if SCHEME == 0:
             ks = k0 + tl.arange(0, BK)
             mask = row_ok[:, None] if EVEN_K else row_ok[:, None] & (ks < K)[None, :]
-            return tl.load(w + e * stride_we + rows.to(tl.int64)[:, None] * stride_wn
+            tile = tl.load(w + e * stride_we + rows.to(tl.int64)[:, None] * stride_wn
                            + ks[None, :], mask=mask, other=0.0).to(DTYPE)
-        return _weight_tile(w + e * stride_we, scale + e * stride_se, aux + e * stride_ae,
-                            rows, row_ok, k0, K, stride_wn, stride_sn, QSCHEME, WPS, BK,
-                            EVEN_K, DTYPE)
+        else:
+            tile = _weight_tile(w + e * stride_we, scale + e * stride_se, aux + e * stride_ae,
+                                rows, row_ok, k0, K, stride_wn, stride_sn, QSCHEME, WPS, BK,
+                                EVEN_K, DTYPE)
+        return tile
 
     @triton.jit
     def _global_scale(acc, aux, e, rows, row_mask, stride_ae, stride_an,
