@@ -103,6 +103,34 @@ def test_decode_counts_the_steps_that_replay_graphs(artifact: Path, spec: str) -
     assert measure_decode(eng, 9, 2, 4).digest != run.digest
 
 
+def test_host_profile_names_the_python_functions_of_a_prefill_and_of_decode_steps(
+        artifact: Path) -> None:
+    """The host's side: the engine's own functions appear, with call counts, for the prefill
+    and for the decode steps; the profiled requests leave nothing behind; the report's
+    markdown shows both tables."""
+    from ninfer_bench.engine_bench import host_profile, markdown
+    from ninfer_runtime.engine import Engine, EngineConfig
+
+    eng = Engine.from_artifact(artifact, EngineConfig(max_context=64, max_concurrency=2,
+                                                      device="cpu"))
+    host = host_profile(eng, 20, 2, steps=3, top=200)
+    assert list(host) == ["prefill of 20 tokens", "3 decode steps ctx20_c2"]
+    for entry in host.values():
+        assert entry["seconds"] > 0
+        steps = [f for f in entry["functions"] if f["name"].endswith("(step)")
+                 and "engine" in f["name"]]
+        assert steps and all(f["calls"] >= 1 and f["total_ms"] >= f["own_ms"] for f in steps)
+    [decode_step] = [f for f in host["3 decode steps ctx20_c2"]["functions"]
+                     if f["name"].startswith("ninfer_runtime/engine/engine.py")
+                     and f["name"].endswith("(step)")]
+    assert decode_step["calls"] == 3
+    assert not eng.has_unfinished()
+    text = markdown({"artifact": "a", "spec": "none", "startup_s": 1.0, "rows": [],
+                     "breakdown": {}, "host": host})
+    assert "host side of the prefill of 20 tokens under cProfile" in text
+    assert "host side of the 3 decode steps ctx20_c2 under cProfile" in text
+
+
 def _hook_call(kernel: str, signature: dict[str, str], constants: dict, divisible: list[int]
                ) -> dict:
     """The keywords Triton passes its jit_cache_hook for one kernel variant."""

@@ -16,7 +16,10 @@ serving suites measure the whole stack). For each context length L:
   state read and written));
 - where the time goes: the prefill of L tokens and one eager decode step per C under
   torch.profiler, CUDA kernel time summed by kernel name (decode graphs are replayed
-  otherwise, which hides their kernels).
+  otherwise, which hides their kernels); and the host's side of the same prefill and of
+  graphed decode steps under cProfile, Python time by function: where the GPU waits on the
+  host (the 35B-A3B's prompt chunks, every decode step's scheduling and sampling), this says
+  which code to cut.
 
 With a speculative mode (`spec`), a decode step is one round: the verify of K+1 tokens per
 request and the proposer's drafts. Random weights accept almost nothing, so the figure that
@@ -26,12 +29,14 @@ C); tokens per round at a given acceptance then give the throughput.
 
 from __future__ import annotations
 
+import cProfile
 import hashlib
+import pstats
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -324,6 +329,50 @@ def prefill_breakdown(engine: Engine, length: int) -> list[tuple[str, float]]:
     return _by_kernel(prof)
 
 
+@dataclass(frozen=True)
+class HostFunction:
+    name: str  # path inside its package (or module) : line (function)
+    calls: int
+    own_ms: float  # time in the function itself
+    total_ms: float  # with what it calls
+
+
+def _host_functions(prof: cProfile.Profile, top: int) -> list[dict]:
+    """The `top` functions by own time, as HostFunction dicts (the report is JSON)."""
+    rows = []
+    for (path, line, func), (_, calls, own, total, _) in pstats.Stats(prof).stats.items():
+        short = "/".join(path.split("/site-packages/")[-1].split("/src/")[-1].split("/")[-3:])
+        rows.append(HostFunction(f"{short}:{line}({func})", calls, 1e3 * own, 1e3 * total))
+    return [asdict(r) for r in sorted(rows, key=lambda r: -r.own_ms)[:top]]
+
+
+def host_profile(engine: Engine, length: int, concurrency: int, steps: int = 16,
+                 top: int = 25) -> dict[str, dict]:
+    """Python time by function (cProfile, which slows the host down about twofold) over the
+    prefill of a lone request of `length` tokens and over `steps` decode steps of
+    `concurrency` requests as the engine runs them (graphed where it has graphs)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    seconds = measure_prefill(engine, length)
+    prof.disable()
+    out = {f"prefill of {length} tokens": {"seconds": seconds,
+                                           "functions": _host_functions(prof, top)}}
+    _start_decoding(engine, "host", length, concurrency, steps + 4)
+    _sync(engine)
+    prof = cProfile.Profile()
+    start = time.perf_counter()
+    prof.enable()
+    for _ in range(steps):
+        engine.step()
+    _sync(engine)
+    prof.disable()
+    out[f"{steps} decode steps ctx{length}_c{concurrency}"] = {
+        "seconds": time.perf_counter() - start, "functions": _host_functions(prof, top)}
+    while engine.has_unfinished():
+        engine.step()
+    return out
+
+
 def _by_kernel(prof: object) -> list[tuple[str, float]]:
     """A profile's CUDA time (us) summed per kernel name, largest first."""
     totals: dict[str, float] = defaultdict(float)
@@ -356,7 +405,7 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
                         c.kernel for c in startup_compiles).most_common()),
                     "compiles": {},
                     "tuned": tuned_choices(),
-                    "rows": [], "breakdown": {}}
+                    "rows": [], "breakdown": {}, "host": {}}
     fp = footprint(engine.model, kv_dtype)
     report["footprint"] = fp.__dict__
     for length in contexts:
@@ -394,6 +443,8 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
             if breakdown:
                 report["breakdown"][f"eager decode step ctx{length}_c{c}"] = \
                     kernel_breakdown(engine, length, c)
+        if breakdown:
+            report["host"].update(host_profile(engine, length, concurrency[0]))
     return report
 
 
@@ -421,6 +472,11 @@ def markdown(report: dict, top: int = 15) -> str:
                   "| kernel | us | share |", "|---|---|---|"]
         lines += [f"| `{name[:70]}` | {us:.1f} | {100 * us / total:.1f}% |"
                   for name, us in rows[:top]]
+    for key, host in report.get("host", {}).items():
+        lines += ["", f"host side of the {key} under cProfile: {host['seconds']:.3f} s", "",
+                  "| function | calls | own ms | with callees ms |", "|---|---|---|---|"]
+        lines += [f"| `{f['name'][:90]}` | {f['calls']} | {f['own_ms']:.1f} "
+                  f"| {f['total_ms']:.1f} |" for f in host["functions"]]
     for key, compiled in report.get("compiles", {}).items():
         lines += ["", f"Triton compilations during {key}, each with what sets it apart from "
                   "the closest variant the start-up compiled:", ""]
