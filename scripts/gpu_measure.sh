@@ -60,6 +60,10 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
                   --output "$out/nopdl" ;;
     eng35nopdl) NINFER_PDL=0 engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
                   --output "$out/nopdl" ;;
+    eng27sync) engine 150 qwen3_6_27b_nvfp4 --concurrency 1,8 --no-breakdown --no-overlap-decode \
+                 --output "$out/sync" ;;
+    eng35sync) engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 --no-breakdown \
+                 --no-overlap-decode --output "$out/sync" ;;
     eng27pf) NINFER_L2_PREFETCH=1 engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
                --output "$out/pf" ;;
     eng35pf) NINFER_L2_PREFETCH=1 engine 240 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \

@@ -81,6 +81,8 @@ def _ints(_: click.Context, __: click.Parameter, value: str) -> list[int]:
 @click.option("--decode-tokens", default=128, show_default=True)
 @click.option("--kv-dtype", type=click.Choice(["int8", "bf16"]), default="int8")
 @click.option("--no-cuda-graph", "no_cuda_graph", is_flag=True)
+@click.option("--no-overlap-decode", "no_overlap_decode", is_flag=True,
+              help="Read each decode step's tokens before launching the next.")
 @click.option("--no-breakdown", "no_breakdown", is_flag=True)
 @click.option("--spec", type=click.Choice(["none", "mtp", "dflash"]), default="none",
               show_default=True, help="Speculative mode: a decode step is then one round.")
@@ -90,8 +92,8 @@ def _ints(_: click.Context, __: click.Parameter, value: str) -> list[int]:
 @click.option("--output", type=click.Path(file_okay=False, path_type=Path),
               default=Path("out/bench"), show_default=True)
 def engine(artifact: str, context_lengths: list[int], concurrency: list[int],
-           decode_tokens: int, kv_dtype: str, no_cuda_graph: bool, no_breakdown: bool,
-           spec: str, draft_tokens: int, lm_head_draft: bool, device: str,
+           decode_tokens: int, kv_dtype: str, no_cuda_graph: bool, no_overlap_decode: bool,
+           no_breakdown: bool, spec: str, draft_tokens: int, lm_head_draft: bool, device: str,
            output: Path) -> None:
     """In-process prefill and decode throughput of ARTIFACT against its ceilings."""
     import torch
@@ -100,7 +102,8 @@ def engine(artifact: str, context_lengths: list[int], concurrency: list[int],
 
     report = run(artifact, contexts=context_lengths, concurrency=concurrency,
                  decode_tokens=decode_tokens, device=device, kv_dtype=kv_dtype,
-                 cuda_graphs=not no_cuda_graph, breakdown=not no_breakdown, spec=spec,
+                 cuda_graphs=not no_cuda_graph, overlap_decode=not no_overlap_decode,
+                 breakdown=not no_breakdown, spec=spec,
                  draft_tokens=draft_tokens, lm_head_draft=lm_head_draft)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
     report |= {"gpu": gpu, "commit": _commit(), "date": datetime.now(timezone.utc).isoformat()}

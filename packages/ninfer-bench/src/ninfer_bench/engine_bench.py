@@ -271,8 +271,11 @@ def measure_decode(engine: Engine, length: int, concurrency: int, tokens: int) -
 
     start, steps, produced = time.perf_counter(), 0, 0
     while engine.num_running() == concurrency:
-        produced += step()
-        steps += 1
+        tokens = step()
+        produced += tokens
+        # a step that returns no tokens launched one whose tokens the next returns
+        # (overlapped decode): steps count forwards, each returning its tokens once
+        steps += tokens > 0
     _sync(engine)
     elapsed = time.perf_counter() - start
     after = _replays(engine)
@@ -384,12 +387,13 @@ def _by_kernel(prof: object) -> list[tuple[str, float]]:
 
 def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
         decode_tokens: int, device: str = "cuda", kv_dtype: str = "int8",
-        cuda_graphs: bool = True, breakdown: bool = True, spec: str = "none",
-        draft_tokens: int = 3, lm_head_draft: bool = False) -> dict:
+        cuda_graphs: bool = True, overlap_decode: bool = True, breakdown: bool = True,
+        spec: str = "none", draft_tokens: int = 3, lm_head_draft: bool = False) -> dict:
     """Every measurement above for one artifact, as a report dict."""
     longest = max(contexts) + decode_tokens + 8
     config = EngineConfig(max_context=longest, max_concurrency=max(concurrency),
                           device=device, kv_dtype=kv_dtype, cuda_graphs=cuda_graphs,  # type: ignore[arg-type]
+                          overlap_decode=overlap_decode,
                           spec=spec, draft_tokens=draft_tokens,  # type: ignore[arg-type]
                           lm_head_draft=lm_head_draft)
     start = time.perf_counter()
@@ -397,7 +401,7 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
         engine = Engine.from_artifact(artifact, config)
     mode = "none" if spec == "none" else f"{spec}{draft_tokens}" + \
         (" lm-head-draft" if lm_head_draft else "")
-    report: dict = {"artifact": artifact, "spec": mode,
+    report: dict = {"artifact": artifact, "spec": mode, "overlap_decode": overlap_decode,
                     "startup_s": time.perf_counter() - start,
                     "memory_plan": engine.memory_plan.table() if engine.memory_plan else None,
                     "startup_compiles": len(startup_compiles),
@@ -449,7 +453,8 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
 
 
 def markdown(report: dict, top: int = 15) -> str:
-    lines = [f"artifact `{report['artifact']}`, spec {report['spec']}, "
+    overlap = "" if report.get("overlap_decode", True) else ", decode not overlapped"
+    lines = [f"artifact `{report['artifact']}`, spec {report['spec']}{overlap}, "
              f"startup {report['startup_s']:.1f} s "
              f"({report.get('startup_compiles', 0)} Triton compilations: "
              + (", ".join(f"{name} {n}" for name, n in

@@ -95,6 +95,9 @@ def _default_device() -> str:
               f"{DEFAULT_MODEL_NAME!r}.")
 @click.option("--no-cuda-graph", "no_cuda_graph", is_flag=True,
               help="Launch decode steps kernel by kernel instead of replaying CUDA graphs.")
+@click.option("--no-overlap-decode", "no_overlap_decode", is_flag=True,
+              help="Read each decode step's tokens before launching the next (by default the "
+              "next step is launched first, so the GPU does not wait for the host).")
 @click.option("--spec", default=EngineConfig.spec, type=click.Choice(SPEC_METHODS),
               help="Speculative decoding: draft with the model's MTP layer or a DFlash draft, "
               "verify every draft in one forward (outputs are unchanged).")
@@ -108,8 +111,8 @@ def _default_device() -> str:
 def main(artifact: Path | None, host: str, port: int, max_context: int, prefill_chunk: int,
          kv_dtype: str, kv_capacity: int | str, max_concurrency: int, max_queue: int,
          device: str | None, api_key: str | None, served_model_name: str | None,
-         no_cuda_graph: bool, spec: str, draft_tokens: int, lm_head_draft: bool,
-         max_body_bytes: int, log_level: str) -> None:
+         no_cuda_graph: bool, no_overlap_decode: bool, spec: str, draft_tokens: int,
+         lm_head_draft: bool, max_body_bytes: int, log_level: str) -> None:
     """Serve ARTIFACT (a .ninfer file) over OpenAI-compatible HTTP."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
@@ -117,7 +120,9 @@ def main(artifact: Path | None, host: str, port: int, max_context: int, prefill_
                                      kv_dtype=kv_dtype, kv_capacity=kv_capacity,  # type: ignore[arg-type]
                                      max_concurrency=max_concurrency, max_queue=max_queue,
                                      device=device or _default_device(),
-                                     cuda_graphs=not no_cuda_graph, spec=spec,  # type: ignore[arg-type]
+                                     cuda_graphs=not no_cuda_graph,
+                                     overlap_decode=not no_overlap_decode,
+                                     spec=spec,  # type: ignore[arg-type]
                                      draft_tokens=draft_tokens, lm_head_draft=lm_head_draft)
     except ValueError as e:
         raise click.UsageError(str(e)) from e

@@ -20,6 +20,8 @@ class EngineConfig:
     device: str = "cpu"
     page_size: int = 64  # tokens per KV page
     cuda_graphs: bool = True  # replay decode steps as CUDA graphs (GPU only)
+    # launch a plain decode step before the previous one's tokens are read (engine.Engine.step)
+    overlap_decode: bool = True
     spec: SpecMethod = "none"  # speculative decoding: the proposer of draft tokens
     draft_tokens: int = 3  # K: drafts per request per step (with spec)
     lm_head_draft: bool = False  # drafts through the artifact's vocabulary-subset draft head

@@ -13,13 +13,26 @@ one token of the target's own (engine.sampler.sample_verify, lossless); the GDN 
 back to the last accepted position by an exchange of state slots (engine.spec.rollback); the
 proposer then takes in the committed rows and drafts again. A step may so emit up to K+1
 tokens per request, scanned in order for stop tokens and max_tokens.
+
+Overlapped decode (config.overlap_decode): reading a step's sampled ids waits for the device,
+and everything the host does between two steps (scheduling, building the batch, launching,
+committing the tokens) would leave the device idle. So a plain decode step (no prompt chunk,
+no drafts, no penalties or logprobs) is launched and sampled without being read: its ids stay
+on the device and are copied back behind it (`_Deferred`). The next step, when it advances
+the same requests, takes those device ids as its input tokens, is launched, and only then are
+the previous step's tokens read and committed, while the device computes. The engine returns
+each token one step() later; a request that a token finishes (a stop token) has had one more
+step computed, which is dropped, its pages and slot already free (later kernels use them only
+after it, in stream order). Anything else (a request that can be admitted, one that ends at
+max_tokens, an abort, a prompt chunk) reads the deferred step first and the step runs as
+above; requests queued behind a full engine do not stop the overlap.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +56,13 @@ from ninfer_runtime.engine.request import (
     TokenLogprob,
 )
 from ninfer_runtime.engine.request_state import RequestState
-from ninfer_runtime.engine.sampler import SamplerState, check_sampling, sample_verify
+from ninfer_runtime.engine.sampler import (
+    SamplerState,
+    check_sampling,
+    defers,
+    sample_deferred,
+    sample_verify,
+)
 from ninfer_runtime.engine.scheduler import Scheduler, Work
 from ninfer_runtime.engine.spec import Committed, Proposer, make_proposer
 from ninfer_runtime.engine.spec.rollback import keep_state_after, snapshot_slots
@@ -63,6 +82,28 @@ def eos_token_ids(generation_config: Mapping[str, Any], cfg: ModelConfig) -> fro
     eos = generation_config.get("eos_token_id")
     ids: Iterable[int] = () if eos is None else ([eos] if isinstance(eos, int) else eos)
     return frozenset(ids) | frozenset(cfg.eos_token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class _Deferred:
+    """A launched plain decode step whose sampled ids are not read yet."""
+
+    work: list[Work]
+    tokens: torch.Tensor  # [B] int64 on the device: the next step's input ids
+    host: torch.Tensor  # [B] int64 on the host (pinned), complete once `ready` is
+    ready: torch.cuda.Event | None  # None on a CPU, where `host` is complete at once
+    wall_start: float
+
+
+def _to_host(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """A copy of the device's ids on its way to the host, queued behind the step."""
+    if tokens.device.type != "cuda":
+        return tokens, None
+    host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+    host.copy_(tokens, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
 
 
 class Engine:
@@ -120,6 +161,7 @@ class Engine:
                                    config.spec_tokens)
         self._intervals = IntervalRecorder()
         self._wall_clock = wall_clock
+        self._deferred: _Deferred | None = None  # overlapped decode (module docstring)
 
     @classmethod
     def from_artifact(cls, path: str | Path, config: EngineConfig) -> Engine:
@@ -168,6 +210,21 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
+        deferred, self._deferred = self._deferred, None
+        if deferred is None:
+            return self._step()
+        if self._continues(deferred):
+            self._deferred = self._launch([Work(w.state, [0], w.state.num_computed)
+                                           for w in deferred.work], deferred.tokens)
+            outputs = self._read(deferred)
+            if not any(self._running(w.state) for w in self._deferred.work):
+                self._deferred = None  # every request finished: nothing left to read
+            return outputs
+        return self._read(deferred) + self._step()
+
+    # ---- internals ----
+
+    def _step(self) -> list[RequestOutput]:
         wall_start, start = self._wall_clock(), time.perf_counter()
         schedule = self.scheduler.schedule()
         if not schedule.work:
@@ -177,6 +234,9 @@ class Engine:
             state.stats.queue_seconds = start - state.request.arrival_time
         # decode (verify) segments first: their GDN rows take the recurrent path (engine.batch)
         work = sorted(schedule.work, key=lambda w: w.prefill)
+        if self._defers(work):
+            self._deferred = self._launch(work, None, wall_start)
+            return []
         batch = self._build(work)
         prepared = time.perf_counter()
         for state in schedule.admitted:
@@ -207,7 +267,52 @@ class Engine:
             prefilling=schedule.prefilling, decode_ready=schedule.decode_ready))
         return outputs
 
-    # ---- internals ----
+    def _defers(self, work: list[Work]) -> bool:
+        """Whether this step's tokens may be read one step later: plain decode rows only."""
+        return (self.config.overlap_decode and self.proposer is None
+                and all(not w.prefill and defers(w.state.sampler) for w in work))
+
+    def _continues(self, deferred: _Deferred) -> bool:
+        """Whether the next step may be launched before `deferred` is read: it would advance
+        exactly the same requests (none to admit now, none aborted), and none of them ends
+        at max_tokens with the deferred token."""
+        states = [w.state for w in deferred.work]
+        running = list(self.scheduler.running.values())
+        return (not self.scheduler.can_admit() and len(running) == len(states)
+                and all(a is b for a, b in zip(running, states, strict=True))
+                and all(len(s.output) + 1 < s.request.sampling.max_tokens for s in states))
+
+    def _launch(self, work: list[Work], inputs: torch.Tensor | None,
+                wall_start: float | None = None) -> _Deferred:
+        """Run and sample a plain decode step without reading its tokens. `inputs`: the
+        device ids the step takes instead of its work's token ids (the previous deferred
+        step's samples, not yet on the host)."""
+        wall_start = self._wall_clock() if wall_start is None else wall_start
+        batch = self._build(work)
+        if inputs is not None:
+            batch.token_ids.copy_(inputs)
+        _, logits, _ = self._forward(batch)
+        assert logits is not None
+        tokens = sample_deferred(logits, [w.state.sampler for w in work])
+        for w in work:
+            w.state.num_computed += 1
+        return _Deferred(work, tokens, *_to_host(tokens), wall_start)
+
+    def _read(self, deferred: _Deferred) -> list[RequestOutput]:
+        """Commit a deferred step's tokens (waiting for them) to the requests still running."""
+        if deferred.ready is not None:
+            deferred.ready.synchronize()
+        now = time.perf_counter()
+        outputs = [self._commit(w.state, [(token, None)], now)
+                   for w, token in zip(deferred.work, deferred.host.tolist(), strict=True)
+                   if self._running(w.state)]
+        self._intervals.record(StepRecord(
+            deferred.wall_start, self._wall_clock(), 0, len(outputs), len(outputs),
+            running=len(deferred.work), prefilling=0, decode_ready=len(deferred.work)))
+        return outputs
+
+    def _running(self, state: RequestState) -> bool:
+        return self.scheduler.running.get(state.request_id) is state
 
     def _build(self, work: list[Work]) -> StepBatch:
         segments = []

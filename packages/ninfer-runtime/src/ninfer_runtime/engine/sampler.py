@@ -121,6 +121,36 @@ def _penalised(logits: torch.Tensor, states: Sequence[SamplerState],
     return logits.to(torch.float32, copy=True).index_copy_(0, idx, penalised)
 
 
+def _row_sampling(row_states: Sequence[SamplerState], offsets: Sequence[int], vocab: int,
+                  device: torch.device) -> RowSampling:
+    """Row r sampled as its request's output token step + offsets[r]."""
+    params = [s.params for s in row_states]
+    return RowSampling.build([p.temperature for p in params], [p.top_k for p in params],
+                             [p.top_p for p in params], [p.min_p for p in params],
+                             [s.seed for s in row_states],
+                             [s.step + i for s, i in zip(row_states, offsets, strict=True)],
+                             vocab, device)
+
+
+def defers(state: SamplerState) -> bool:
+    """Whether a request's tokens may be sampled without reading them (`sample_deferred`):
+    nothing the next step samples depends on them but its step counter (no penalties, which
+    count the output) and there are no logprobs to return with them."""
+    return not state.penalized and state.params.logprobs is None
+
+
+def sample_deferred(logits: torch.Tensor, states: Sequence[SamplerState]) -> torch.Tensor:
+    """One token per row of logits [R, V], as `sample` draws it, left on the device [R] int64
+    (nothing waits); each state's step advances as if its token were read. For requests that
+    `defers`, whose next step can then be launched before this one's tokens are known."""
+    assert all(defers(s) for s in states), "deferred sampling takes no penalties or logprobs"
+    tokens = sample_rows(logits, _row_sampling(states, [0] * len(states), logits.shape[-1],
+                                               logits.device))
+    for state in states:
+        state.step += 1
+    return tokens
+
+
 def sample(logits: torch.Tensor,
            states: Sequence[SamplerState]) -> list[tuple[int, TokenLogprob | None]]:
     """One token (and its logprobs when asked) per row of logits [R, V], row r drawn with
@@ -149,16 +179,12 @@ def sample_verify(logits: torch.Tensor, states: Sequence[SamplerState],
     seed gives the same tokens with or without speculation (up to the logits' rounding).
     Greedy rows accept while the draft is the argmax.
     """
-    device, vocab = logits.device, logits.shape[-1]
+    device = logits.device
     row_states = [s for s, d in zip(states, drafts, strict=True) for _ in range(1 + len(d))]
     offsets = [i for d in drafts for i in range(1 + len(d))]
     params = [s.params for s in row_states]
-    rows = RowSampling.build([p.temperature for p in params], [p.top_k for p in params],
-                             [p.top_p for p in params], [p.min_p for p in params],
-                             [s.seed for s in row_states],
-                             [s.step + i for s, i in zip(row_states, offsets, strict=True)],
-                             vocab, device)
-    tokens = sample_rows(_penalised(logits, states, drafts), rows)
+    tokens = sample_rows(_penalised(logits, states, drafts),
+                         _row_sampling(row_states, offsets, logits.shape[-1], device))
     asked = [i for i, p in enumerate(params) if p.logprobs is not None]
     host = [tokens.double()]
     top = max((params[i].logprobs for i in asked), default=0)

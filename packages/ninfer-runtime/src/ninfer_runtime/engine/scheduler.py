@@ -92,9 +92,7 @@ class Scheduler:
     def schedule(self) -> Schedule:
         """Admit what fits, then plan one step for every running request."""
         admitted = []
-        while (self.waiting and len(self.running) < self.max_concurrency
-               and self.states.allocator.num_free > self.spec_tokens
-               and self.kv.can_reserve(self._reserved(self.waiting[0]))):
+        while self.can_admit():
             state = self.waiting.popleft()
             state.pages = self.kv.reserve(self._reserved(state))
             state.slot = self.states.allocate()
@@ -106,6 +104,12 @@ class Scheduler:
         work = tuple(Work(s, s.next_tokens(self.prefill_chunk), s.num_computed)
                      for s in self.running.values())
         return Schedule(work, tuple(admitted))
+
+    def can_admit(self) -> bool:
+        """Whether the request at the head of the queue would start at the next step."""
+        return bool(self.waiting and len(self.running) < self.max_concurrency
+                    and self.states.allocator.num_free > self.spec_tokens
+                    and self.kv.can_reserve(self._reserved(self.waiting[0])))
 
     def finish(self, request_id: str) -> RequestState | None:
         """Drop a request, waiting or running, freeing its pages and slot at once. Returns it,
