@@ -43,7 +43,7 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
   local name=${1%@*}
   [[ $1 == *@* ]] && local MODE=${1#*@}
   case $name in
-    tests) timeout -s INT -k 20 "${TEST_SECONDS:-300}" python3 -m pytest -q -p no:cacheprovider -rf \
+    tests) timeout -s INT -k 20 "${TEST_SECONDS:-300}" python3 -u -m pytest -v -p no:cacheprovider -rf \
              --tb=short -k "${TEST_K:-}" ${TESTS:-tests/kernels/test_linear.py tests/kernels/test_moe.py \
              tests/kernels/test_quant_decode.py tests/kernels/test_attention.py \
              tests/kernels/test_gdn_kernels.py tests/kernels/test_skinny_linear.py \
