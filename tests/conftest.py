@@ -32,6 +32,19 @@ if not torch.cuda.is_available():
 INDEX = "model.safetensors.index.json"
 
 
+@pytest.fixture
+def untuned_quant_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quantized linear on its default configs: each autotuner pinned to its first config and
+    the decode plans untimed. Tokens do not depend on the config, and on a fresh GPU machine
+    every candidate would be compiled and timed."""
+    from ninfer_runtime.ops import quant_linear
+
+    for tuner in quant_linear.AUTOTUNED:
+        monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
+    monkeypatch.setattr(quant_linear, "DECODE_TUNING", False)
+    monkeypatch.setattr(quant_linear, "_decode_plans", {})
+
+
 def _hf_classes(moe: bool, vision: bool) -> tuple[type, type, type, type]:
     """(config class, model class, text config class, decoder layer class)."""
     import transformers

@@ -16,14 +16,8 @@ from engine_helpers import drain, engine, greedy, prompt, request
 
 from ninfer_runtime.models.loading import load_artifact
 
-
-@pytest.fixture(autouse=True)
-def untimed_decode_plans(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tokens do not depend on which decode config runs: skip timing every candidate (on a
-    fresh GPU machine, compiling and timing them kept the first test past 7 minutes)."""
-    from ninfer_runtime.ops import quant_linear
-
-    monkeypatch.setattr(quant_linear, "DECODE_TUNING", False)
+# the tokens do not depend on the quantized linear's configs: none is tuned here
+pytestmark = pytest.mark.usefixtures("untuned_quant_linear")
 
 
 @pytest.fixture(scope="module")

@@ -35,13 +35,9 @@ SCHEMES = ("nvfp4", "groupwise-int")
 
 
 @pytest.fixture(autouse=True)
-def kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+def kernels(monkeypatch: pytest.MonkeyPatch, untuned_quant_linear: None) -> None:
     """Kernels on, each autotuner pinned to its default config (no tuning runs on the GPU)."""
     monkeypatch.setenv("NINFER_OPS", "triton")
-    for tuner in quant_linear.AUTOTUNED:
-        monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
-    monkeypatch.setattr(quant_linear, "DECODE_TUNING", False)
-    monkeypatch.setattr(quant_linear, "_decode_plans", {})
 
 
 def packed(scheme: str, n: int, k: int, *lead: int, seed: int = 0) -> PackedWeight:
