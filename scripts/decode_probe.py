@@ -1,0 +1,137 @@
+"""Where the nvfp4 decode GEMV's time goes, and which tiles it could use (GPU, one call, ~2 min).
+
+`scripts/stream_probe.py` found that the decode kernel's access pattern alone streams 27B
+weights at 75-91% of bandwidth where the kernel reaches 30-51%: the loss is in the K loop's
+work. This times the decode kernel's K loop (`quant_linear.decode_tile`'s parts: tile loads,
+the PTX decode, the tensor-core dots) on every 27B decode shape, M = 1, in three modes:
+
+- `full`: loads, decode, dots (what `_decode_kernel` does, less its split reduction);
+- `no-dot`: loads and decode; the operands are XOR-folded into the result instead of dotted;
+- `no-decode`: loads and dots; the raw words are the fp16 operands (no PTX, no scale);
+
+for the tuner's configs and for ones with 8 warps or longer K tiles, each at the K split for
+4 and 16 programs per SM. Parts are stored unreduced; the activation pre-pass runs once,
+outside the timing. Times are CUDA-graph replays over weight copies beyond the L2, against
+4.24 TB/s.
+
+    python3 scripts/decode_probe.py [--shapes gate_up,down] [--modes full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer_bench.kernels.linear import (
+    BANDWIDTH,
+    MODELS,
+    _copies,
+    _timed,
+    projections,
+    random_weight,
+    weight_bytes,
+)
+from ninfer_runtime.ops import quant_linear as ql
+from ninfer_runtime.ops.quant_decode import nv_operands
+from ninfer_runtime.profiles import get_profile
+
+MODES = {"full": 0, "no-dot": 1, "no-decode": 2}
+CONFIGS = [*ql.DECODE_CONFIGS[ql._NVFP4_ID]] + [
+    ql.DecodeConfig(bn, bk, w, s, d) for bn, bk, w, s, d in (
+        (128, 256, 8, 4, 8), (128, 256, 8, 4, 2), (256, 256, 8, 3, 8), (64, 512, 4, 3, 8),
+        (128, 512, 8, 3, 8))]
+TARGETS = (4, 16)
+
+_RAW_PTX = tl.constexpr("\n".join(f"mov.b32 ${j}, ${8 + j % 2};" for j in range(8)))
+
+
+@triton.jit
+def _probe_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, stride_s,
+                  split_len, MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                  BK: tl.constexpr, DOTS: tl.constexpr):
+    tile, split, rows, row_ok, ms, m_ok, k_lo, k_hi = ql.split_program(M, N, K, split_len,
+                                                                       BM, BN)
+    BKW: tl.constexpr = BK // 8
+    row_off = rows.to(tl.int64)
+    acc = tl.zeros((BN, BM), tl.float32)
+    fold = tl.zeros((BN, BKW), tl.float16)
+    for k0 in range(k_lo, k_hi, BK):
+        kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
+        ks = tl.max_contiguous(tl.multiple_of(k0 // 16 + tl.arange(0, BKW // 2), BKW // 2),
+                               BKW // 2)
+        words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :])
+        scale = tl.load(s_ptr + row_off[:, None] * stride_s + ks[None, :])
+        if MODE == 2:
+            o = tl.inline_asm_elementwise(_RAW_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words],
+                                          dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+        else:
+            o = nv_operands(words.to(tl.uint32, bitcast=True),
+                            ql._per_word(scale.to(tl.uint8, bitcast=True), 2), True)
+        if MODE == 1:
+            fold = fold + o[0] + o[1] + o[2] + o[3] + o[4] + o[5] + o[6] + o[7]
+        else:
+            inv = tl.load(inv_ptr + (k0 // BK) * M + ms, mask=m_ok, other=0.0)[None, :]
+            d = ql._dots(o, tl.zeros(acc.shape, tl.float32), xo_ptr, ms, m_ok, M, K, k0,
+                         k_hi, True, BKW, DOTS)
+            acc += d * inv
+    if MODE == 1:
+        acc += tl.sum(fold.to(tl.float32), axis=1)[:, None]
+    offs = ms[None, :] * N + rows[:, None]
+    tl.store(part_ptr + split * M * N + offs, acc, mask=m_ok[None, :] & row_ok[:, None])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", default="", help="substrings of the projection names")
+    p.add_argument("--modes", default=",".join(MODES))
+    args = p.parse_args()
+    wanted = [s for s in args.shapes.split(",") if s]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    lines = ["| shape | mode | config | splits | us | % of BW |", "|---|---|---|---|---|---|"]
+    for name, (n, k) in projections(get_profile(MODELS["27B"]).config).items():
+        if wanted and not any(s in name for s in wanted):
+            continue
+        first = random_weight("nvfp4", n, k, "cuda", gen)
+        size = weight_bytes(first)
+        ws = [first] + [random_weight("nvfp4", n, k, "cuda", gen)
+                        for _ in range(_copies(size) - 1)]
+        x = torch.randn(1, k, device="cuda", generator=gen).to(torch.bfloat16)
+        for c, target, mode in itertools.product(CONFIGS, TARGETS, args.modes.split(",")):
+            if n % c.bn or k % c.bk:
+                continue
+            xo, inv, _ = ql.activation_operands(x, c.bk, False)
+            split_len, splits = ql.k_split(n, k, x.device, target, granule=c.bk)
+            parts = torch.empty((splits, 1, n), dtype=torch.float32, device="cuda")
+            cycle = itertools.cycle(ws)
+
+            def call() -> None:
+                w = next(cycle)
+                _probe_kernel[(n // c.bn, splits)](
+                    xo, inv, w.parts["weight"].view(torch.int32), w.parts["weight_scale"],
+                    parts, 1, n, k, k // 8, k // 16, split_len, MODE=MODES[mode],
+                    BM=ql.decode_rows(1), BN=c.bn, BK=c.bk, DOTS=c.dots, num_warps=c.warps,
+                    num_stages=c.stages)
+            try:
+                us = _timed(call)
+            except Exception as e:  # a config that does not compile or fit: say so, go on
+                lines.append(f"| {name} | {mode} | {c} | {splits} | {type(e).__name__} | |")
+                print(lines[-1], flush=True)
+                continue
+            lines.append(f"| {name} {n}x{k} | {mode} | BN={c.bn} BK={c.bk} w={c.warps} "
+                         f"s={c.stages} d={c.dots} | {splits} | {us:.1f} "
+                         f"| {100 * size / BANDWIDTH / (us * 1e-6):.1f}% |")
+            print(lines[-1], flush=True)
+        del ws, first
+        torch.cuda.empty_cache()
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "decode_probe.md"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
