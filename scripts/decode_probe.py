@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+from collections.abc import Callable
 
 import torch
 import triton
@@ -85,6 +86,22 @@ def _probe_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, st
     tl.store(part_ptr + split * M * N + offs, acc, mask=m_ok[None, :] & row_ok[:, None])
 
 
+def _probe_call(ws: list, xo: torch.Tensor, inv: torch.Tensor, parts: torch.Tensor,
+                c: ql.DecodeConfig, mode: int, split_len: int) -> Callable[[], None]:
+    """A launch of the probe kernel on the next weight copy each time."""
+    cycle = itertools.cycle(ws)
+    splits, _, n = parts.shape
+    k = xo.shape[2] * 8
+
+    def call() -> None:
+        w = next(cycle)
+        _probe_kernel[(n // c.bn, splits)](
+            xo, inv, w.parts["weight"].view(torch.int32), w.parts["weight_scale"], parts, 1, n,
+            k, k // 8, k // 16, split_len, MODE=mode, BM=ql.decode_rows(1), BN=c.bn, BK=c.bk,
+            DOTS=c.dots, num_warps=c.warps, num_stages=c.stages)
+    return call
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="", help="substrings of the projection names")
@@ -107,15 +124,7 @@ def main() -> None:
             xo, inv, _ = ql.activation_operands(x, c.bk, False)
             split_len, splits = ql.k_split(n, k, x.device, target, granule=c.bk)
             parts = torch.empty((splits, 1, n), dtype=torch.float32, device="cuda")
-            cycle = itertools.cycle(ws)
-
-            def call() -> None:
-                w = next(cycle)
-                _probe_kernel[(n // c.bn, splits)](
-                    xo, inv, w.parts["weight"].view(torch.int32), w.parts["weight_scale"],
-                    parts, 1, n, k, k // 8, k // 16, split_len, MODE=MODES[mode],
-                    BM=ql.decode_rows(1), BN=c.bn, BK=c.bk, DOTS=c.dots, num_warps=c.warps,
-                    num_stages=c.stages)
+            call = _probe_call(ws, xo, inv, parts, c, MODES[mode], split_len)
             try:
                 us = _timed(call)
             except Exception as e:  # a config that does not compile or fit: say so, go on

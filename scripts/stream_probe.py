@@ -21,8 +21,10 @@ Weights rotate over copies beyond the L2; times are CUDA-graph replays. Ratios a
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import os
+from collections.abc import Callable
 
 import torch
 import triton
@@ -92,6 +94,12 @@ def stream(words: torch.Tensor, scales: torch.Tensor, bn: int, bk: int, warps: i
     return out
 
 
+def _cycled(fn: Callable, args: list[tuple]) -> Callable[[], object]:
+    """A call of fn on the next of `args` each time (rotating copies past the L2)."""
+    cycle = itertools.cycle(args)
+    return lambda: fn(*next(cycle))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="", help="substrings of the projection names")
@@ -123,19 +131,19 @@ def main() -> None:
                   w.parts["weight_scale"].view(torch.uint8)) for w in ws]
         streamed = sum(a.numel() * 4 + b.numel() for a, b in parts[:1])
         flat = [a.view(-1).view(torch.float32) for a, _ in parts]
-        cycle = itertools.cycle(flat)
-        report(shape, "torch sum (codes only)", _timed(lambda: next(cycle).sum()),
+        report(shape, "torch sum (codes only)", _timed(_cycled(torch.sum, [(f,) for f in flat])),
                flat[0].numel() * 4)
         for (bn, bk, warps, stages), target in itertools.product(TILES, TARGETS):
             if n % bn or k % bk:
                 continue
             for tiled in (False, True):
                 views = [(_tiled(a, bn, bk) if tiled else a, b) for a, b in parts]
-                cycle = itertools.cycle(views)
-                us = _timed(lambda: stream(*next(cycle), bn, bk, warps, stages, target, tiled))
+                us = _timed(_cycled(functools.partial(stream, bn=bn, bk=bk, warps=warps,
+                                                      stages=stages, target=target,
+                                                      tiled=tiled), views))
                 report(shape, f"{'tiled' if tiled else 'stream'} {bn}x{bk} w={warps} "
                        f"s={stages} t={target}", us, streamed)
-                del views, cycle
+                del views
         del ws, first, parts, flat
         torch.cuda.empty_cache()
     if os.environ.get("OUT"):
