@@ -5,7 +5,7 @@ weights at 75-91% of bandwidth where the kernel reaches 30-51%: the loss is in t
 work. This times the decode kernel's K loop (`quant_linear.decode_tile`'s parts: tile loads,
 the PTX decode, the tensor-core dots) on every 27B decode shape, M = 1, in three modes:
 
-- `full`: loads, decode, dots (what `_decode_kernel` does, less its split reduction);
+- `full`: `quant_linear.decode_tile` (what `_decode_kernel` does, less its split reduction);
 - `no-dot`: loads and decode; the operands are XOR-folded into the result instead of dotted;
 - `no-decode`: loads and dots; the raw words are the fp16 operands (no PTX, no scale);
 
@@ -62,24 +62,29 @@ def _probe_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, st
     acc = tl.zeros((BN, BM), tl.float32)
     fold = tl.zeros((BN, BKW), tl.float16)
     for k0 in range(k_lo, k_hi, BK):
-        kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
-        ks = tl.max_contiguous(tl.multiple_of(k0 // 16 + tl.arange(0, BKW // 2), BKW // 2),
-                               BKW // 2)
-        words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :])
-        scale = tl.load(s_ptr + row_off[:, None] * stride_s + ks[None, :])
-        if MODE == 2:
-            o = tl.inline_asm_elementwise(_RAW_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words],
-                                          dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+        if MODE == 0:
+            acc = ql.decode_tile(acc, xo_ptr, inv_ptr, inv_ptr, w_ptr, s_ptr, s_ptr, row_off,
+                                 row_ok, ms, m_ok, M, K, k0, k_hi, stride_w, stride_s, 0, 2,
+                                 True, True, BK, DOTS)
         else:
-            o = nv_operands(words.to(tl.uint32, bitcast=True),
-                            ql._per_word(scale.to(tl.uint8, bitcast=True), 2), True)
-        if MODE == 1:
-            fold = fold + o[0] + o[1] + o[2] + o[3] + o[4] + o[5] + o[6] + o[7]
-        else:
-            inv = tl.load(inv_ptr + (k0 // BK) * M + ms, mask=m_ok, other=0.0)[None, :]
-            d = ql._dots(o, tl.zeros(acc.shape, tl.float32), xo_ptr, ms, m_ok, M, K, k0,
-                         k_hi, True, BKW, DOTS)
-            acc += d * inv
+            kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
+            ks = tl.max_contiguous(tl.multiple_of(k0 // 16 + tl.arange(0, BKW // 2), BKW // 2),
+                                   BKW // 2)
+            words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :])
+            scale = tl.load(s_ptr + row_off[:, None] * stride_s + ks[None, :])
+            sbytes = ql._per_word(scale.to(tl.uint8, bitcast=True), 2)
+            if MODE == 2:
+                o = tl.inline_asm_elementwise(_RAW_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words],
+                                              dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+            else:
+                o = nv_operands(words.to(tl.uint32, bitcast=True), sbytes, True)
+            if MODE == 1:
+                fold = fold + o[0] + o[1] + o[2] + o[3] + o[4] + o[5] + o[6] + o[7]
+            else:
+                d = ql._dots(o, tl.zeros(acc.shape, tl.float32), xo_ptr, ms, m_ok, M, K, k0,
+                             k_hi, True, BKW, DOTS)
+                inv = tl.load(inv_ptr + (k0 // BK) * M + ms, mask=m_ok, other=0.0)[None, :]
+                acc += d * inv
     if MODE == 1:
         acc += tl.sum(fold.to(tl.float32), axis=1)[:, None]
     offs = ms[None, :] * N + rows[:, None]
