@@ -3,18 +3,20 @@
 `scripts/stream_probe.py` found that the decode kernel's access pattern alone streams 27B
 weights at 75-91% of bandwidth where the kernel reaches 30-51%: the loss is in the K loop's
 work. This times the decode kernel's K loop (`quant_linear.decode_tile`'s parts: tile loads,
-the PTX decode, the tensor-core dots) on every 27B decode shape, M = 1, in three modes:
+the PTX decode, the tensor-core dots) on every 27B decode shape, M = 1, in four modes:
 
-- `full`: `quant_linear.decode_tile` (what `_decode_kernel` does, less its split reduction);
-- `no-dot`: loads and decode; the operands are XOR-folded into the result instead of dotted;
+- `full`: `quant_linear.decode_tile` (what `_decode_kernel` does, less its split reduction;
+  parts stored unreduced, the activation pass run once outside the timing);
+- `no-dot`: loads and decode; the operands are added up instead of dotted;
 - `no-decode`: loads and dots; the raw words are the fp16 operands (no PTX, no scale);
+- `kernel`: `quant_linear._run_decode`, the engine's call: activation pass, `_decode_kernel`
+  and its split reduction;
 
-for the tuner's configs and for ones with 8 warps or longer K tiles, each at the K split for
-4 and 16 programs per SM. Parts are stored unreduced; the activation pre-pass runs once,
-outside the timing. Times are CUDA-graph replays over weight copies beyond the L2, against
-4.24 TB/s.
+for the tuner's configs and for ones with fewer stages, a register cap (`maxnreg`) or longer K
+tiles, each at the K split for 4 and 16 programs per SM; and the activation pass alone. Times
+are CUDA-graph replays over weight copies beyond the L2, against 4.24 TB/s.
 
-    python3 scripts/decode_probe.py [--shapes gate_up,down] [--modes full]
+    python3 scripts/decode_probe.py [--shapes gate_up,down] [--modes full,no-dot,no-decode,kernel]
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ from ninfer_runtime.ops import quant_linear as ql
 from ninfer_runtime.ops.quant_decode import nv_operands
 from ninfer_runtime.profiles import get_profile
 
-MODES = {"full": 0, "no-dot": 1, "no-decode": 2}
+MODES = {"full": 0, "no-dot": 1, "no-decode": 2, "kernel": 3}
 CONFIGS = [*ql.DECODE_CONFIGS[ql._NVFP4_ID]] + [
-    ql.DecodeConfig(bn, bk, w, s, d) for bn, bk, w, s, d in (
-        (128, 256, 8, 4, 8), (128, 256, 8, 4, 2), (256, 256, 8, 3, 8), (64, 512, 4, 3, 8),
-        (128, 512, 8, 3, 8))]
+    ql.DecodeConfig(*args) for args in (
+        (128, 256, 4, 3, 8), (128, 256, 4, 3, 8, 128), (128, 256, 4, 3, 2, 128),
+        (128, 256, 4, 2, 8), (128, 256, 4, 2, 8, 128), (128, 256, 4, 4, 8, 128),
+        (64, 512, 4, 3, 8))]
 TARGETS = (4, 16)
 
 _RAW_PTX = tl.constexpr("\n".join(f"mov.b32 ${j}, ${8 + j % 2};" for j in range(8)))
@@ -93,24 +96,31 @@ def _probe_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, st
 
 def _probe_call(ws: list, xo: torch.Tensor, inv: torch.Tensor, parts: torch.Tensor,
                 c: ql.DecodeConfig, mode: int, split_len: int) -> Callable[[], None]:
-    """A launch of the probe kernel on the next weight copy each time."""
+    """A launch of the probe kernel (mode 3: the engine's decode call) on the next weight
+    copy each time."""
     cycle = itertools.cycle(ws)
     splits, _, n = parts.shape
     k = xo.shape[2] * 8
+    if mode == MODES["kernel"]:
+        x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+        out = torch.empty(1, n, dtype=x.dtype, device="cuda")
+        plan = ql.DecodePlan(c, split_len, splits)
+        return lambda: ql._run_decode(x, ql._operands(next(cycle)), out, plan)
 
     def call() -> None:
         w = next(cycle)
         _probe_kernel[(n // c.bn, splits)](
             xo, inv, w.parts["weight"].view(torch.int32), w.parts["weight_scale"], parts, 1, n,
             k, k // 8, k // 16, split_len, MODE=mode, BM=ql.decode_rows(1), BN=c.bn, BK=c.bk,
-            DOTS=c.dots, num_warps=c.warps, num_stages=c.stages)
+            DOTS=c.dots, num_warps=c.warps, num_stages=c.stages,
+            **({"maxnreg": c.maxnreg} if c.maxnreg else {}))
     return call
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="", help="substrings of the projection names")
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default="full,kernel")
     args = p.parse_args()
     wanted = [s for s in args.shapes.split(",") if s]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -123,6 +133,9 @@ def main() -> None:
         ws = [first] + [random_weight("nvfp4", n, k, "cuda", gen)
                         for _ in range(_copies(size) - 1)]
         x = torch.randn(1, k, device="cuda", generator=gen).to(torch.bfloat16)
+        us = _timed(lambda: ql.activation_operands(x, 256, False))  # noqa: B023 (called here)
+        lines.append(f"| {name} {n}x{k} | activation pass | BK=256 | | {us:.1f} | |")
+        print(lines[-1], flush=True)
         for c, target, mode in itertools.product(CONFIGS, TARGETS, args.modes.split(",")):
             if n % c.bn or k % c.bk:
                 continue
@@ -137,7 +150,7 @@ def main() -> None:
                 print(lines[-1], flush=True)
                 continue
             lines.append(f"| {name} {n}x{k} | {mode} | BN={c.bn} BK={c.bk} w={c.warps} "
-                         f"s={c.stages} d={c.dots} | {splits} | {us:.1f} "
+                         f"s={c.stages} d={c.dots} r={c.maxnreg} | {splits} | {us:.1f} "
                          f"| {100 * size / BANDWIDTH / (us * 1e-6):.1f}% |")
             print(lines[-1], flush=True)
         del ws, first
