@@ -11,6 +11,8 @@ the PTX decode, the tensor-core dots) on every 27B decode shape, M = 1, in four 
 - `no-decode`: loads and dots; the raw words are the fp16 operands (no PTX, no scale);
 - `kernel`: `quant_linear._run_decode`, the engine's call: activation pass, `_decode_kernel`
   and its split reduction;
+- `decode-only`: `_decode_kernel` alone on activation operands prepared once;
+- `decode-nopdl`: the same launched without programmatic dependent launch;
 
 for the tuner's configs and for ones with fewer stages, a register cap (`maxnreg`) or longer K
 tiles, each at the K split for 4 and 16 programs per SM; and the activation pass alone. Times
@@ -43,7 +45,8 @@ from ninfer_runtime.ops import quant_linear as ql
 from ninfer_runtime.ops.quant_decode import nv_operands
 from ninfer_runtime.profiles import get_profile
 
-MODES = {"full": 0, "no-dot": 1, "no-decode": 2, "kernel": 3}
+MODES = {"full": 0, "no-dot": 1, "no-decode": 2, "kernel": 3, "decode-only": 4,
+         "decode-nopdl": 5}
 CONFIGS = [*ql.DECODE_CONFIGS[ql._NVFP4_ID]] + [
     ql.DecodeConfig(*args) for args in (
         (128, 256, 4, 3, 8), (128, 256, 4, 3, 8, 128), (128, 256, 4, 3, 2, 128),
@@ -101,11 +104,24 @@ def _probe_call(ws: list, xo: torch.Tensor, inv: torch.Tensor, parts: torch.Tens
     cycle = itertools.cycle(ws)
     splits, _, n = parts.shape
     k = xo.shape[2] * 8
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    out = torch.empty(1, n, dtype=x.dtype, device="cuda")
     if mode == MODES["kernel"]:
-        x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
-        out = torch.empty(1, n, dtype=x.dtype, device="cuda")
         plan = ql.DecodePlan(c, split_len, splits)
         return lambda: ql._run_decode(x, ql._operands(next(cycle)), out, plan)
+    if mode >= MODES["decode-only"]:
+        launch = {"GDC": False, "launch_pdl": False} if mode == MODES["decode-nopdl"] \
+            else ql.options(x.device)
+        counters = ql.tile_counters(x.device, n // c.bn)
+        part = out if splits == 1 else torch.empty((splits, 1, n), device="cuda")
+
+        def decode() -> None:
+            ops = ql._operands(next(cycle))
+            ql._decode_kernel[(n // c.bn, splits)](
+                xo, inv, inv, ops.words, ops.scale, ops.zero, ops.gscale, part, counters, out,
+                1, n, k, ops.words.stride(0), ops.scale.stride(0), split_len, PREFETCH=False,
+                **ql.decode_tile_args(ops.layout, c, k, 1), **launch)
+        return decode
 
     def call() -> None:
         w = next(cycle)
@@ -120,7 +136,7 @@ def _probe_call(ws: list, xo: torch.Tensor, inv: torch.Tensor, parts: torch.Tens
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="", help="substrings of the projection names")
-    p.add_argument("--modes", default="full,kernel")
+    p.add_argument("--modes", default="full,kernel,decode-only,decode-nopdl")
     args = p.parse_args()
     wanted = [s for s in args.shapes.split(",") if s]
     gen = torch.Generator(device="cuda").manual_seed(0)
