@@ -168,6 +168,19 @@ def test_k_split(scheme: str, m: int) -> None:
     check(linear(x, w), x, w)
 
 
+def test_k_split_into_more_parts_than_one_round_loads() -> None:
+    """The last program of a row tile adds the parts in rounds of a few loads; 10 parts take
+    two rounds (the second partly masked) and still give the reference result."""
+    n, k = 40, 2560
+    w = packed("nvfp4", n, k, seed=7)
+    x = rand(1, k, dtype=HALF)
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    plan = quant_linear.DecodePlan(quant_linear.decode_candidates(n, k, 0, x.device)[0].config,
+                                   256, 10)
+    quant_linear._run_decode(x, quant_linear._operands(w), out, plan)
+    check(out, x, w)
+
+
 @pytest.mark.parametrize(("n", "k"), [(48, 1024), (5120, 17408), (34816, 5120), (16, 128),
                                       (7, 640)])
 def test_k_split_plan_covers_k(n: int, k: int) -> None:

@@ -301,14 +301,17 @@ class DecodePlan:
 # scheduler, which issue 0.52 instructions a cycle and move 1.76 TB/s; the BN 64 config, 3
 # programs per SM, moved 1.97. So the configs trade instructions per weight for resident
 # programs (sm_90 SASS at 8 rows, `scripts/sass_report.py`, no spills; per weight /
-# programs per SM): nvfp4 BN 128 2 dots 3.15 / 2, 8 dots (4 stages) 3.31 / 3, at BK 128 2
-# dots 3.53 / 4, BN 64 4 dots 3.89 / 4, 8 dots 4.09 / 5; groupwise-int BN 128 2 dots 2.60 /
-# 4, 8 dots 3.12 / 5, BN 64 3.92 / 9. BK is a multiple of 128 (one groupwise-int group) and
-# >= 128 (tl.dot needs BK/8 >= 16). The tuner times them all on the GPU; the interpreter
-# runs one.
+# programs per SM): nvfp4 BN 128 2 dots 3.15 / 2, 8 dots 3.31 / 3, BN 64 4 dots 3.90 / 4,
+# 8 dots 4.09 / 5; groupwise-int BN 128 2 dots 2.60 / 4, 8 dots 3.12 / 5, BN 64 3.92 / 9.
+# On the H200 (`scripts/decode_probe.py`, docs/perf.md, ninth run) the nvfp4 K loop is bound
+# by the decode's issue, not by the tile stream or the dots: without its dots it is no
+# faster, without its decode it streams at 85% of bandwidth; BN 128 with 8 dots at 2-3
+# stages was the fastest on every 27B shape, 4 stages 1.5-3 us slower a call, BK 128 twice
+# as slow. BK is a multiple of 128 (one groupwise-int group) and >= 128 (tl.dot needs
+# BK/8 >= 16). The tuner times them all on the GPU; the interpreter runs one.
 DECODE_CONFIGS = {
     _NVFP4_ID: [DecodeConfig(bn, bk, w, s, d) for bn, bk, w, s, d in (
-        (128, 256, 4, 3, 2), (128, 256, 4, 4, 8), (128, 128, 4, 4, 2), (64, 256, 4, 4, 4),
+        (128, 256, 4, 3, 8), (128, 256, 4, 2, 8), (128, 256, 4, 3, 2), (64, 256, 4, 4, 4),
         (64, 256, 4, 4, 8))],
     _INT_ID: [DecodeConfig(bn, _GROUP_BK, w, s, d) for bn, w, s, d in (
         (128, 4, 4, 2), (128, 4, 6, 2), (128, 4, 4, 8), (64, 4, 4, 2))],
@@ -519,6 +522,9 @@ if triton is not None:
     _NV_F16_OUT = tl.constexpr(2.0**NV_F16_EXP)
     _INT_F16_BIAS = tl.constexpr(INT_F16_BIAS)
     _GROUP_BK_C = tl.constexpr(_GROUP_BK)
+    # K parts the last program of a row tile loads at once: each round is an L2 round trip at
+    # the end of the kernel, where nothing hides it (a 14-way split took 4 rounds at 4)
+    _PARTS_IN_FLIGHT = tl.constexpr(8)
 
     @triton.jit
     def _e2m1(words, J: tl.constexpr):
@@ -724,8 +730,8 @@ if triton is not None:
             last = tl.atomic_add(counter_ptr, 1, sem="acq_rel") == parts - 1
             if last:
                 total = tl.zeros(acc.shape, tl.float32)
-                for j0 in range(0, parts, 4):  # four loads in flight at a time
-                    for u in tl.static_range(4):
+                for j0 in range(0, parts, _PARTS_IN_FLIGHT):
+                    for u in tl.static_range(_PARTS_IN_FLIGHT):
                         live = (tl.zeros(offs.shape, tl.int32) + j0 + u) < parts
                         total += tl.load(part_ptr + (j0 + u) * part_stride + offs,
                                          mask=mask & live, other=0.0, cache_modifier=".cg")
