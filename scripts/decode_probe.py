@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 from collections.abc import Callable
 
 import torch
@@ -35,11 +34,11 @@ import triton.language as tl
 from ninfer_bench.kernels.linear import (
     BANDWIDTH,
     MODELS,
-    _copies,
     _timed,
     projections,
-    random_weight,
+    save_table,
     weight_bytes,
+    weight_copies,
 )
 from ninfer_runtime.ops import quant_linear as ql
 from ninfer_runtime.ops.quant_decode import nv_operands
@@ -144,10 +143,8 @@ def main() -> None:
     for name, (n, k) in projections(get_profile(MODELS["27B"]).config).items():
         if wanted and not any(s in name for s in wanted):
             continue
-        first = random_weight("nvfp4", n, k, "cuda", gen)
-        size = weight_bytes(first)
-        ws = [first] + [random_weight("nvfp4", n, k, "cuda", gen)
-                        for _ in range(_copies(size) - 1)]
+        ws = weight_copies("nvfp4", n, k, "cuda", gen)
+        size = weight_bytes(ws[0])
         x = torch.randn(1, k, device="cuda", generator=gen).to(torch.bfloat16)
         us = _timed(lambda: ql.activation_operands(x, 256, False))  # noqa: B023 (called here)
         lines.append(f"| {name} {n}x{k} | activation pass | BK=256 | | {us:.1f} | |")
@@ -169,11 +166,9 @@ def main() -> None:
                          f"s={c.stages} d={c.dots} r={c.maxnreg} | {splits} | {us:.1f} "
                          f"| {100 * size / BANDWIDTH / (us * 1e-6):.1f}% |")
             print(lines[-1], flush=True)
-        del ws, first
+        del ws
         torch.cuda.empty_cache()
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "decode_probe.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+    save_table(lines, "decode_probe.md")
 
 
 if __name__ == "__main__":

@@ -15,19 +15,18 @@ than a K split on every shape.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 
 from ninfer_bench.kernels.linear import (
     BANDWIDTH,
     MODELS,
-    _copies,
     _rotating,
     _timed,
     projections,
-    random_weight,
+    save_table,
     weight_bytes,
+    weight_copies,
 )
 from ninfer_runtime.ops import quant_linear as ql
 from ninfer_runtime.profiles import get_profile
@@ -45,10 +44,8 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|"]
     for name, (n, k) in projections(get_profile(MODELS["27B"]).config).items():
         for scheme in args.schemes.split(","):
-            first = random_weight(scheme, n, k, "cuda", gen)
-            size = weight_bytes(first)
-            ws = [first] + [random_weight(scheme, n, k, "cuda", gen)
-                            for _ in range(_copies(size) - 1)]
+            ws = weight_copies(scheme, n, k, "cuda", gen)
+            size = weight_bytes(ws[0])
             for m in (int(v) for v in args.m.split(",")):
                 x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
                 for target in targets:
@@ -64,10 +61,8 @@ def main() -> None:
                                  f"| {us:.1f} "
                                  f"| {100 * moved / BANDWIDTH / (us * 1e-6):.1f}% |")
                     print(lines[-1], flush=True)
-            del ws, first
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "split_sweep.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+            del ws
+    save_table(lines, "split_sweep.md")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import os
 from collections.abc import Callable
 
 import torch
@@ -33,12 +32,12 @@ import triton.language as tl
 from ninfer_bench.kernels.linear import (
     BANDWIDTH,
     MODELS,
-    _copies,
     _rotating,
     _timed,
     projections,
-    random_weight,
+    save_table,
     weight_bytes,
+    weight_copies,
 )
 from ninfer_runtime.ops import quant_linear as ql
 from ninfer_runtime.profiles import get_profile
@@ -116,10 +115,8 @@ def main() -> None:
     for name, (n, k) in projections(get_profile(MODELS["27B"]).config).items():
         if wanted and not any(s in name for s in wanted):
             continue
-        first = random_weight("nvfp4", n, k, "cuda", gen)
-        size = weight_bytes(first)
-        ws = [first] + [random_weight("nvfp4", n, k, "cuda", gen)
-                        for _ in range(_copies(size) - 1)]
+        ws = weight_copies("nvfp4", n, k, "cuda", gen)
+        first, size = ws[0], weight_bytes(ws[0])
         shape = f"{name} {n}x{k}"
         x = torch.randn(1, k, device="cuda", generator=gen).to(torch.bfloat16)
         us = _timed(_rotating(ws, x))
@@ -146,9 +143,7 @@ def main() -> None:
                 del views
         del ws, first, parts, flat
         torch.cuda.empty_cache()
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "stream_probe.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+    save_table(lines, "stream_probe.md")
 
 
 if __name__ == "__main__":

@@ -91,6 +91,23 @@ def _copies(size: int) -> int:
     return min(MAX_COPIES, max(1, -(-4 * L2_BYTES // size)))
 
 
+def weight_copies(scheme: str, n: int, k: int, device: str, gen: torch.Generator
+                  ) -> list[Weight]:
+    """A random [n, k] weight and enough copies of its shape to exceed the L2 four times (a
+    decode timed over them reads from HBM, as in a step)."""
+    first = random_weight(scheme, n, k, device, gen)
+    return [first] + [random_weight(scheme, n, k, device, gen)
+                      for _ in range(_copies(weight_bytes(first)) - 1)]
+
+
+def save_table(lines: list[str], filename: str) -> None:
+    """Write a script's markdown table into $OUT (the device tool's returned folder), if
+    set."""
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], filename), "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 def _rotating(ws: list[Weight], x: torch.Tensor,
               fn: Callable[[torch.Tensor, Weight], torch.Tensor] = linear
               ) -> Callable[[], torch.Tensor]:
@@ -153,10 +170,8 @@ def bench(device: str = "cuda") -> list[dict]:
             for scheme in SCHEMES:
                 if schemes and scheme not in schemes:
                     continue
-                first = random_weight(scheme, n, k, device, gen)
-                size = weight_bytes(first)
-                ws = [first] + [random_weight(scheme, n, k, device, gen)
-                                for _ in range(_copies(size) - 1)]
+                ws = weight_copies(scheme, n, k, device, gen)
+                first, size = ws[0], weight_bytes(ws[0])
                 # lm_head is only applied to the last token of a prefill: no prefill row
                 ms = DECODE_M if "lm_head" in name else (*DECODE_M, PREFILL_M)
                 for m in ms:
