@@ -33,14 +33,19 @@ INDEX = "model.safetensors.index.json"
 
 
 @pytest.fixture
-def untuned_quant_linear(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Quantized linear on its default configs: each autotuner pinned to its first config and
-    the decode plans untimed. Tokens do not depend on the config, and on a fresh GPU machine
-    every candidate would be compiled and timed."""
+def untuned_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every Triton autotuner on the first of its configs that fits the call (its pruning
+    still applies), and the decode plans untimed. Tokens do not depend on the config, and on
+    a fresh GPU machine every candidate of every key would be compiled and timed: with the
+    attention, GDN and MoE tuners tuning, three `test_engine_kernels` tests took 388 s on the
+    H200 (docs/perf.md, ninth run). Under the interpreter every tuner has one config already."""
+    from triton.runtime.autotuner import Autotuner
+
     from ninfer_runtime.ops import quant_linear
 
-    for tuner in quant_linear.AUTOTUNED:
-        monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
+    prune = Autotuner.prune_configs
+    monkeypatch.setattr(Autotuner, "prune_configs",
+                        lambda tuner, kwargs: prune(tuner, kwargs)[:1])
     monkeypatch.setattr(quant_linear, "DECODE_TUNING", False)
     monkeypatch.setattr(quant_linear, "_decode_plans", {})
 

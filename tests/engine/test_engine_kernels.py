@@ -16,8 +16,8 @@ from engine_helpers import drain, engine, greedy, prompt, request
 
 from ninfer_runtime.models.loading import load_artifact
 
-# the tokens do not depend on the quantized linear's configs: none is tuned here
-pytestmark = pytest.mark.usefixtures("untuned_quant_linear")
+# the tokens do not depend on the kernels' configs: none is tuned here
+pytestmark = pytest.mark.usefixtures("untuned_kernels")
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ SCHEMES = ("nvfp4", "groupwise-int")
 
 
 @pytest.fixture(autouse=True)
-def kernels(monkeypatch: pytest.MonkeyPatch, untuned_quant_linear: None) -> None:
+def kernels(monkeypatch: pytest.MonkeyPatch, untuned_kernels: None) -> None:
     """Kernels on, each autotuner pinned to its default config (no tuning runs on the GPU)."""
     monkeypatch.setenv("NINFER_OPS", "triton")
 

@@ -835,9 +835,9 @@ if triton is not None:
         return args["K"] % args["BK"] == 0
 
     # Autotune spaces are small on purpose: every config is compiled per kernel variant, and
-    # each first holds the default the tests pin (AUTOTUNED). BK is a multiple of 128 (one
-    # groupwise-int group). The decode kernel has its own tuner (_launch_decode), which also
-    # picks the K split.
+    # each first holds the default (the tests' `untuned_kernels` fixture pins it). BK is a
+    # multiple of 128 (one groupwise-int group). The decode kernel has its own tuner
+    # (_launch_decode), which also picks the K split.
     # NOTE: tuning runs on a key's first call; warm every shape up before capturing the
     # engine's CUDA graphs.
     # prefill: dequantizing costs ~6-8 instructions per weight, shared by BM rows of MMA work,
@@ -849,6 +849,5 @@ if triton is not None:
         ({"BM": 32, "BN": 32, "BK": 256, "GROUP_M": 2}, 4, 1)),
         key=["m_bucket", "N", "K", "SCHEME"], do_bench=_graph_bench, cache_results=True)(
         triton.heuristics({"EVEN_K": _even_k})(_gemm_kernel))
-    AUTOTUNED = (_gemm,)
     assert all(c.bk <= _SPLIT_GRANULE and _SPLIT_GRANULE % c.bk == 0
                for cs in DECODE_CONFIGS.values() for c in cs)
