@@ -729,13 +729,15 @@ if triton is not None:
             tl.debug_barrier()  # every thread's part is stored before the tile counts it
             last = tl.atomic_add(counter_ptr, 1, sem="acq_rel") == parts - 1
             if last:
+                # a plain store: the next launch reads the counter only after this grid has
+                # ended (an atomic, acq_rel by default, would add a fence to the kernel's tail)
+                tl.store(counter_ptr, 0)
                 total = tl.zeros(acc.shape, tl.float32)
                 for j0 in range(0, parts, _PARTS_IN_FLIGHT):
                     for u in tl.static_range(_PARTS_IN_FLIGHT):
                         live = (tl.zeros(offs.shape, tl.int32) + j0 + u) < parts
                         total += tl.load(part_ptr + (j0 + u) * part_stride + offs,
                                          mask=mask & live, other=0.0, cache_modifier=".cg")
-                tl.atomic_xchg(counter_ptr, 0)
         return last, total
 
     @triton.jit
