@@ -14,9 +14,10 @@ the PTX decode, the tensor-core dots) on every 27B decode shape, M = 1, in four 
 - `decode-only`: `_decode_kernel` alone on activation operands prepared once;
 - `decode-nopdl`: the same launched without programmatic dependent launch;
 
-for the tuner's configs and for ones with fewer stages, a register cap (`maxnreg`) or longer K
-tiles, each at the K split for 4 and 16 programs per SM; and the activation pass alone. Times
-are CUDA-graph replays over weight copies beyond the L2, against 4.24 TB/s.
+for the tuner's configs and the ones it dropped after this probe's runs (4 stages, BK 128;
+docs/perf.md, ninth run) or a longer K tile, each at the K split for 4 and 16 programs per
+SM; and the activation pass alone. Times are CUDA-graph replays over weight copies beyond the
+L2, against 4.24 TB/s. (A register cap, `maxnreg` 128, was tried too: no faster.)
 
     python3 scripts/decode_probe.py [--shapes gate_up,down] [--modes full,no-dot,no-decode,kernel]
 """
@@ -48,9 +49,7 @@ MODES = {"full": 0, "no-dot": 1, "no-decode": 2, "kernel": 3, "decode-only": 4,
          "decode-nopdl": 5}
 CONFIGS = [*ql.DECODE_CONFIGS[ql._NVFP4_ID]] + [
     ql.DecodeConfig(*args) for args in (
-        (128, 256, 4, 3, 8), (128, 256, 4, 3, 8, 128), (128, 256, 4, 3, 2, 128),
-        (128, 256, 4, 2, 8), (128, 256, 4, 2, 8, 128), (128, 256, 4, 4, 8, 128),
-        (64, 512, 4, 3, 8))]
+        (128, 256, 4, 4, 8), (128, 128, 4, 4, 2), (64, 512, 4, 3, 8))]
 TARGETS = (4, 16)
 
 _RAW_PTX = tl.constexpr("\n".join(f"mov.b32 ${j}, ${8 + j % 2};" for j in range(8)))
@@ -127,8 +126,7 @@ def _probe_call(ws: list, xo: torch.Tensor, inv: torch.Tensor, parts: torch.Tens
         _probe_kernel[(n // c.bn, splits)](
             xo, inv, w.parts["weight"].view(torch.int32), w.parts["weight_scale"], parts, 1, n,
             k, k // 8, k // 16, split_len, MODE=mode, BM=ql.decode_rows(1), BN=c.bn, BK=c.bk,
-            DOTS=c.dots, num_warps=c.warps, num_stages=c.stages,
-            **({"maxnreg": c.maxnreg} if c.maxnreg else {}))
+            DOTS=c.dots, num_warps=c.warps, num_stages=c.stages)
     return call
 
 
@@ -163,7 +161,7 @@ def main() -> None:
                 print(lines[-1], flush=True)
                 continue
             lines.append(f"| {name} {n}x{k} | {mode} | BN={c.bn} BK={c.bk} w={c.warps} "
-                         f"s={c.stages} d={c.dots} r={c.maxnreg} | {splits} | {us:.1f} "
+                         f"s={c.stages} d={c.dots} | {splits} | {us:.1f} "
                          f"| {100 * size / BANDWIDTH / (us * 1e-6):.1f}% |")
             print(lines[-1], flush=True)
         del ws

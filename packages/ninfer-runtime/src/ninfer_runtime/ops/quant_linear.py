@@ -280,7 +280,6 @@ class DecodeConfig:
     warps: int
     stages: int
     dots: int = 8  # tensor-core dots per K tile (each over 8 / dots code positions)
-    maxnreg: int | None = None  # registers a thread may use (ptxas spills the rest)
 
 
 @dataclass(frozen=True)
@@ -457,8 +456,7 @@ def decode_tile_args(layout: _Layout, config: DecodeConfig, k: int, m: int) -> d
     return dict(SCHEME=layout.scheme, WPS=layout.words_per_scale, BM=decode_rows(m),
                 ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % config.bk == 0, BN=config.bn,
                 BK=config.bk, DOTS=config.dots, num_warps=config.warps,
-                num_stages=config.stages,
-                **({"maxnreg": config.maxnreg} if config.maxnreg else {}))
+                num_stages=config.stages)
 
 
 _MAX_TILES = 1 << 16  # row tiles a decode call may have (N <= 4M at BN = 64)
