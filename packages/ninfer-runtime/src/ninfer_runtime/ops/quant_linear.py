@@ -301,7 +301,8 @@ class DecodePlan:
 # programs per SM, moved 1.97. So the configs trade instructions per weight for resident
 # programs (sm_90 SASS at 8 rows, `scripts/sass_report.py`, no spills; per weight /
 # programs per SM): nvfp4 BN 128 2 dots 3.15 / 2, 8 dots 3.31 / 3, BN 64 4 dots 3.90 / 4,
-# 8 dots 4.09 / 5; groupwise-int BN 128 2 dots 2.60 / 4, 8 dots 3.12 / 5, BN 64 3.92 / 9.
+# 8 dots 4.09 / 5; groupwise-int BN 128 2 dots 2.62 / 4, BN 64 3.92 / 9, each at 4 and 3
+# stages (its tuner never picked 6 stages or 8 dots for the 27B; 3 stages not yet timed).
 # On the H200 (`scripts/decode_probe.py`, docs/perf.md, ninth run) the nvfp4 K loop is bound
 # by the decode's issue, not by the tile stream or the dots: without its dots it is no
 # faster, without its decode it streams at 85% of bandwidth; BN 128 with 8 dots at 2-3
@@ -313,7 +314,7 @@ DECODE_CONFIGS = {
         (128, 256, 4, 3, 8), (128, 256, 4, 2, 8), (128, 256, 4, 3, 2), (64, 256, 4, 4, 4),
         (64, 256, 4, 4, 8))],
     _INT_ID: [DecodeConfig(bn, _GROUP_BK, w, s, d) for bn, w, s, d in (
-        (128, 4, 4, 2), (128, 4, 6, 2), (128, 4, 4, 8), (64, 4, 4, 2))],
+        (128, 4, 4, 2), (128, 4, 3, 2), (64, 4, 4, 2), (64, 4, 3, 2))],
 }
 _INTERPRETER_CONFIGS = {_NVFP4_ID: DecodeConfig(32, 256, 4, 1),
                         _INT_ID: DecodeConfig(32, _GROUP_BK, 4, 1)}
