@@ -95,15 +95,16 @@ def _probe_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, st
     tl.store(part_ptr + split * M * N + offs, acc, mask=m_ok[None, :] & row_ok[:, None])
 
 
-def _probe_call(ws: list, xo: torch.Tensor, inv: torch.Tensor, parts: torch.Tensor,
-                c: ql.DecodeConfig, mode: int, split_len: int) -> Callable[[], None]:
-    """A launch of the probe kernel (mode 3: the engine's decode call) on the next weight
-    copy each time."""
+def _probe_call(ws: list, x: torch.Tensor, xo: torch.Tensor, inv: torch.Tensor,
+                parts: torch.Tensor, c: ql.DecodeConfig, mode: int, split_len: int
+                ) -> Callable[[], None]:
+    """A launch in `mode` (the probe kernel, the engine's decode call or `_decode_kernel`
+    alone) on the next weight copy each time; x [1, K] and its activation operands xo, inv,
+    parts [splits, 1, N] fp32."""
     cycle = itertools.cycle(ws)
     splits, _, n = parts.shape
-    k = xo.shape[2] * 8
-    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
-    out = torch.empty(1, n, dtype=x.dtype, device="cuda")
+    k = x.shape[1]
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     if mode == MODES["kernel"]:
         plan = ql.DecodePlan(c, split_len, splits)
         return lambda: ql._run_decode(x, ql._operands(next(cycle)), out, plan)
@@ -111,7 +112,7 @@ def _probe_call(ws: list, xo: torch.Tensor, inv: torch.Tensor, parts: torch.Tens
         launch = {"GDC": False, "launch_pdl": False} if mode == MODES["decode-nopdl"] \
             else ql.options(x.device)
         counters = ql.tile_counters(x.device, n // c.bn)
-        part = out if splits == 1 else torch.empty((splits, 1, n), device="cuda")
+        part = out if splits == 1 else parts
 
         def decode() -> None:
             ops = ql._operands(next(cycle))
@@ -153,7 +154,7 @@ def main() -> None:
             xo, inv, _ = ql.activation_operands(x, c.bk, False)
             split_len, splits = ql.k_split(n, k, x.device, target, granule=c.bk)
             parts = torch.empty((splits, 1, n), dtype=torch.float32, device="cuda")
-            call = _probe_call(ws, xo, inv, parts, c, MODES[mode], split_len)
+            call = _probe_call(ws, x, xo, inv, parts, c, MODES[mode], split_len)
             try:
                 us = _timed(call)
             except Exception as e:  # a config that does not compile or fit: say so, go on

@@ -126,7 +126,7 @@ def main() -> None:
                f"split {plan.splits}", us, size + 2 * (n + k))
         parts = [(w.parts["weight"].view(torch.int32),
                   w.parts["weight_scale"].view(torch.uint8)) for w in ws]
-        streamed = sum(a.numel() * 4 + b.numel() for a, b in parts[:1])
+        streamed = parts[0][0].numel() * 4 + parts[0][1].numel()  # one copy's codes and scales
         flat = [a.view(-1).view(torch.float32) for a, _ in parts]
         report(shape, "torch sum (codes only)", _timed(_cycled(torch.sum, [(f,) for f in flat])),
                flat[0].numel() * 4)
