@@ -20,6 +20,11 @@ SM; and the activation pass alone. Times are CUDA-graph replays over weight copi
 L2, against 4.24 TB/s. (A register cap, `maxnreg` 128, was tried too: no faster.)
 
     python3 scripts/decode_probe.py [--shapes gate_up,down] [--modes full,no-dot,no-decode,kernel]
+        [--configs 64,128,1,3,8/128,256,4,3,8] [--targets 4,16]
+
+`--configs` replaces the config list (BN,BK,warps,stages,dots each): programs of 1 or 2 warps
+compile to mma.sync instead of wgmma, whose warp-group dots keep a program's 4 warps in
+step 9 times a K tile.
 """
 
 from __future__ import annotations
@@ -135,7 +140,13 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="", help="substrings of the projection names")
     p.add_argument("--modes", default="full,kernel,decode-only,decode-nopdl")
+    p.add_argument("--configs", default="", help="BN,BK,warps,stages,dots/... (default: ours)")
+    p.add_argument("--targets", default=",".join(map(str, TARGETS)),
+                   help="programs per SM the K split aims at")
     args = p.parse_args()
+    configs = [ql.DecodeConfig(*map(int, c.split(","))) for c in args.configs.split("/") if c] \
+        or CONFIGS
+    targets = [int(t) for t in args.targets.split(",")]
     wanted = [s for s in args.shapes.split(",") if s]
     gen = torch.Generator(device="cuda").manual_seed(0)
     lines = ["| shape | mode | config | splits | us | % of BW |", "|---|---|---|---|---|---|"]
@@ -148,7 +159,7 @@ def main() -> None:
         us = _timed(lambda: ql.activation_operands(x, 256, False))  # noqa: B023 (called here)
         lines.append(f"| {name} {n}x{k} | activation pass | BK=256 | | {us:.1f} | |")
         print(lines[-1], flush=True)
-        for c, target, mode in itertools.product(CONFIGS, TARGETS, args.modes.split(",")):
+        for c, target, mode in itertools.product(configs, targets, args.modes.split(",")):
             if n % c.bn or k % c.bk:
                 continue
             xo, inv, _ = ql.activation_operands(x, c.bk, False)
