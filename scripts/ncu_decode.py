@@ -7,10 +7,15 @@ quant_linear.DECODE_CONFIGS runs once, untimed, on gate_up (34816 x 5120, nvfp4,
 
     ncu --clock-control none --kernel-name regex:_decode_kernel \
         --section WarpStateStats --section SchedulerStats --section Occupancy \
-        --section MemoryWorkloadAnalysis python3 scripts/ncu_decode.py
+        --section MemoryWorkloadAnalysis python3 scripts/ncu_decode.py [BN,BK,WARPS,STAGES,DOTS ...]
+
+(arguments: those configs instead). The stall reasons per issued instruction:
+`--metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio`.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -25,7 +30,9 @@ def main() -> None:
     ops = ql._operands(w)
     x = torch.randn(1, k, device="cuda", generator=gen).to(torch.bfloat16)
     out = torch.empty(1, n, dtype=x.dtype, device="cuda")
-    for config in ql.DECODE_CONFIGS[ops.layout.scheme]:
+    configs = [ql.DecodeConfig(*map(int, a.split(","))) for a in sys.argv[1:]] \
+        or ql.DECODE_CONFIGS[ops.layout.scheme]
+    for config in configs:
         split_len, splits = ql.k_split(n, k, x.device)
         ql._run_decode(x, ops, out, ql.DecodePlan(config, split_len, splits))
         print(config, flush=True)
