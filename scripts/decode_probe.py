@@ -20,7 +20,7 @@ SM; and the activation pass alone. Times are CUDA-graph replays over weight copi
 L2, against 4.24 TB/s. (A register cap, `maxnreg` 128, was tried too: no faster.)
 
     python3 scripts/decode_probe.py [--shapes gate_up,down] [--modes full,no-dot,no-decode,kernel]
-        [--configs 64,128,1,3,8/128,256,4,3,8] [--targets 4,16]
+        [--configs 64,128,1,3,8/128,256,4,3,8] [--targets 4,16 | --splits 1-16]
 
 `--configs` replaces the config list (BN,BK,warps,stages,dots each): programs of 1 or 2 warps
 compile to mma.sync instead of wgmma, whose warp-group dots keep a program's 4 warps in
@@ -136,6 +136,12 @@ def _probe_call(ws: list, x: torch.Tensor, xo: torch.Tensor, inv: torch.Tensor,
     return call
 
 
+def _split(k: int, bk: int, count: int) -> tuple[int, int] | None:
+    """(split_len, splits) cutting K into `count` chunks of whole K tiles, None if it can't."""
+    split_len = triton.cdiv(triton.cdiv(k, count), bk) * bk
+    return (split_len, count) if triton.cdiv(k, split_len) == count else None
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="", help="substrings of the projection names")
@@ -143,9 +149,13 @@ def main() -> None:
     p.add_argument("--configs", default="", help="BN,BK,warps,stages,dots/... (default: ours)")
     p.add_argument("--targets", default=",".join(map(str, TARGETS)),
                    help="programs per SM the K split aims at")
+    p.add_argument("--splits", default="", help="K split counts instead: 1-16 or 2,3,7")
     args = p.parse_args()
     configs = [ql.DecodeConfig(*map(int, c.split(","))) for c in args.configs.split("/") if c] \
         or CONFIGS
+    lo, dash, hi = args.splits.partition("-")
+    counts = list(range(int(lo), int(hi) + 1)) if dash else \
+        [int(s) for s in args.splits.split(",") if s]
     targets = [int(t) for t in args.targets.split(",")]
     wanted = [s for s in args.shapes.split(",") if s]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -159,11 +169,13 @@ def main() -> None:
         us = _timed(lambda: ql.activation_operands(x, 256, False))  # noqa: B023 (called here)
         lines.append(f"| {name} {n}x{k} | activation pass | BK=256 | | {us:.1f} | |")
         print(lines[-1], flush=True)
-        for c, target, mode in itertools.product(configs, targets, args.modes.split(",")):
+        grids = [(c, split) for c in configs for split in dict.fromkeys(
+            _split(k, c.bk, s) for s in counts) if split] if counts else \
+            [(c, ql.k_split(n, k, x.device, t, granule=c.bk)) for c in configs for t in targets]
+        for (c, (split_len, splits)), mode in itertools.product(grids, args.modes.split(",")):
             if n % c.bn or k % c.bk:
                 continue
             xo, inv, _ = ql.activation_operands(x, c.bk, False)
-            split_len, splits = ql.k_split(n, k, x.device, target, granule=c.bk)
             parts = torch.empty((splits, 1, n), dtype=torch.float32, device="cuda")
             call = _probe_call(ws, x, xo, inv, parts, c, MODES[mode], split_len)
             try:
