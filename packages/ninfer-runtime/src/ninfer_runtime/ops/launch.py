@@ -75,15 +75,6 @@ if triton is not None:
             tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit
-    def prefetch_lines(ptrs):
-        """Ask L2 for the 128-byte line holding each of `ptrs` (one `prefetch.global.L2` a
-        pointer; nothing waits on it). Issued before `wait_for_inputs` for bytes no kernel of
-        the step writes (weights), their DRAM latency passes while the predecessor runs."""
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l",
-                                  [ptrs.to(tl.int64, bitcast=True)], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-    @triton.jit
     def prefetch_to_l2(ptrs, nbytes):
         """Ask L2 for `nbytes` contiguous bytes at each of `ptrs`, at most PREFETCH_BYTES in
         all (sm_90 bulk prefetch: one instruction a row, nothing waits on it; 16-byte aligned

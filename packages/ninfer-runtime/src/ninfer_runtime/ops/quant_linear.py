@@ -92,9 +92,6 @@ _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 # found the grid matters little: a shape's best target is within ~10% of the other)
 SPLIT_TARGETS = (4, 16)
 DECODE_TUNING = True  # False: the first config and split target, untimed (tests)
-# a decode program asks L2 for its first two K tiles' lines (codes and scales) before it
-# waits for its inputs (PDL), so that their DRAM latency overlaps the predecessor's end
-DECODE_EARLY_LINES = True
 _MAX_SPLITS = 16
 _SPLIT_GRANULE = 256  # K chunks are whole multiples of every decode config's BK
 _GROUP_BK = 128  # groupwise-int: the decode kernel's K tile is one quantization group
@@ -441,8 +438,7 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
         xo, inv, xsum, ops.words, ops.scale, ops.zero, ops.gscale, parts, counters, out, m, n,
         k, ops.words.stride(0), ops.scale.stride(0), plan.split_len,
         PREFETCH=prefetches(ops.words, k, plan.split_len),
-        EARLY=DECODE_EARLY_LINES and not INTERPRET, **decode_tile_args(ops.layout, c, k, m),
-        **options(x.device))
+        **decode_tile_args(ops.layout, c, k, m), **options(x.device))
 
 
 def prefetches(words: torch.Tensor, k: int, split_len: int) -> bool:
@@ -509,7 +505,7 @@ def _configs(space: list[tuple[dict, int, int]], interpret: tuple[dict, int, int
 
 
 if triton is not None:
-    from ninfer_runtime.ops.launch import prefetch_lines, prefetch_to_l2, wait_for_inputs
+    from ninfer_runtime.ops.launch import prefetch_to_l2, wait_for_inputs
     from ninfer_runtime.ops.quant_decode import activation_kernel, int_operands, nv_operands
 
     _NVFP4 = tl.constexpr(_NVFP4_ID)
@@ -767,22 +763,16 @@ if triton is not None:
                        SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
                        ASM: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
                        BK: tl.constexpr, DOTS: tl.constexpr, PREFETCH: tl.constexpr,
-                       EARLY: tl.constexpr, GDC: tl.constexpr):
+                       GDC: tl.constexpr):
         """out[:, rows of tile pid 0] from the activation operands of `activation_kernel`,
         over K split pid 1 of num_programs(1) (`_finish_tile` adds the splits). PREFETCH:
-        the program's first codes are requested into L2 before anything else; EARLY: the
-        lines of its first two K tiles (`DECODE_EARLY_LINES`)."""
+        the program's first codes are requested into L2 before anything else."""
         tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
         tile, pid_k, rows, row_ok, ms, m_ok, k_lo, k_hi = split_program(M, N, K, split_len,
                                                                         BM, BN)
-        row = tl.minimum(rows, N - 1).to(tl.int64)
         if PREFETCH:
+            row = tl.minimum(rows, N - 1).to(tl.int64)
             prefetch_to_l2(w_ptr + row * stride_w + k_lo // 8, (k_hi - k_lo) // 2)
-        if EARLY:
-            second = tl.maximum(k_lo, tl.minimum(k_lo + BK, k_hi - BK))
-            prefetch_lines(w_ptr + row * stride_w + k_lo // 8)
-            prefetch_lines(w_ptr + row * stride_w + second // 8)
-            prefetch_lines(s_ptr + row * stride_s + k_lo // (8 * WPS))
         wait_for_inputs(GDC)
         acc = tl.zeros((BN, BM), tl.float32)
         for k0 in range(k_lo, k_hi, BK):
