@@ -152,8 +152,9 @@ def test_nvfp4_pair_is_e2m1_times_scale(byte_pairs: tuple[torch.Tensor, torch.Te
     table = e2m1_table(torch.device("cpu")).double()
     sbyte = torch.arange(a.numel(), dtype=torch.int64) % 0x7F
     scale = sbyte.to(torch.uint8).view(torch.float8_e4m3fn).double()
-    packed = sbyte | (sbyte << 8) | (0xAB << 16)  # the bytes above the pair are ignored
-    regs = run_ptx(qd.NV_PAIR_PTX, {8: a, 9: b, 10: packed})
+    # the scale is byte 0 of $10 and of $11; the bytes above it are ignored
+    noisy = sbyte | (0xAB << 8) | (0xCD << 24)
+    regs = run_ptx(qd.NV_PAIR_PTX, {8: a, 9: b, 10: noisy, 11: noisy})
     for j in range(8):
         low, high = _halves(regs[f"${j}"])
         for lane, word in ((low, a), (high, b)):

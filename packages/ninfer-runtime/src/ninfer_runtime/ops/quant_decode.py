@@ -25,9 +25,10 @@ Byte tricks (PTX `prmt.b32 d, a, b, sel`: output byte i is byte sel[4i+2:4i] of 
   register (`[a.b0, b.b0, a.b1, b.b1]`); three ops turn the four high nibbles into four such
   high bytes at once (`(g & 0x80808080) | ((g >> 3) & 0x0E0E0E0E)`), four the low nibbles; one
   prmt with a zero register spreads two of them into an fp16x2 (`[0, u.b0, 0, u.b1]`). The
-  fp8 block scale is converted once per word pair (`cvt.rn.f16x2.e4m3x2`, both words share a
-  16-code block) and applied with one `mul.f16x2`: the operand is e2m1 * s * 2^-14, exact in
-  fp16 (at most 6 significant bits, no smaller than 2^-24, no larger than 6 * 448 * 2^-14).
+  fp8 block scale is converted once per word pair (one prmt copies its byte, then
+  `cvt.rn.f16x2.e4m3x2`; both words share a 16-code block) and applied with one
+  `mul.f16x2`: the operand is e2m1 * s * 2^-14, exact in fp16 (at most 6 significant bits,
+  no smaller than 2^-24, no larger than 6 * 448 * 2^-14).
 - groupwise-int: code q OR-ed into the mantissa of 1024.0 (0x6400) is exactly 1024 + q. The
   zero point and scale are applied after the dot, once per 128-code group and output:
   sum((q - z) * s * x) = s * (sum((1024 + q) * x) - (1024 + z) * sum(x)).
@@ -54,7 +55,9 @@ INT_F16_BIAS = 1024.0  # groupwise-int fp16 operand = 1024 + q
 
 
 def _nv_pair_ptx() -> str:
-    """PTX: words $8, $9 and their block-scale bytes $10 -> $0..$7 = fp16x2 of code j."""
+    """PTX: words $8, $9 and their block scale (byte 0 of $10, as a 32-bit register: Triton
+    packs two 8-bit operands into one register with two more instructions; $11, the second
+    word's copy of it, is unused) -> $0..$7 = fp16x2 of code j."""
     def half(gather: str, lo: int) -> list[str]:
         # codes lo, lo+1, lo+2, lo+3 of both words: u holds the high nibbles (odd codes),
         # v the low nibbles (even codes), as fp16 high bytes
@@ -73,7 +76,8 @@ def _nv_pair_ptx() -> str:
             f"prmt.b32 ${lo + 3}, u, 0, 0x3424;",
         ]
     lines = ["{", ".reg .b32 g, t, u, v, s;", ".reg .b16 sl, sh;",
-             "mov.b32 {sl, sh}, $10;", "cvt.rn.f16x2.e4m3x2 s, sl;"]
+             "prmt.b32 s, $10, 0, 0x0000;", "mov.b32 {sl, sh}, s;",
+             "cvt.rn.f16x2.e4m3x2 s, sl;"]
     lines += half("0x5140", 0) + half("0x7362", 4)
     lines += [f"mul.rn.f16x2 ${j}, ${j}, s;" for j in range(8)]
     return "\n".join([*lines, "}"])
@@ -125,7 +129,8 @@ if triton is not None:
         """Eight fp16 [BN, BKW] tensors: code j of every uint32 word times its fp8 block scale
         (sbytes: uint8 e4m3 bytes, one per word), = e2m1 * s * 2^-14 exactly."""
         if ASM:
-            return tl.inline_asm_elementwise(_NV_PTX, _OUTS + ",r,r,r", [words, sbytes],
+            return tl.inline_asm_elementwise(_NV_PTX, _OUTS + ",r,r,r,r",
+                                             [words, sbytes.to(tl.uint32)],
                                              dtype=(tl.float16,) * 8, is_pure=True, pack=2)
         s = sbytes.to(tl.float8e4nv, bitcast=True).to(tl.float16)
         c = words.to(tl.int32, bitcast=True)
