@@ -10,9 +10,14 @@ import torch
 
 from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.engine.config import EngineConfig
-from ninfer_runtime.engine.device_setup import warm_up, warmup_batch
+from ninfer_runtime.engine.device_setup import warm_up, warm_up_proposer, warmup_batch
 from ninfer_runtime.engine.kv_pool import pages_for
-from ninfer_runtime.engine.warmup import WarmupStep, step_keys, warmup_steps
+from ninfer_runtime.engine.warmup import (
+    DECODE_WARMUP_CONTEXT,
+    WarmupStep,
+    step_keys,
+    warmup_steps,
+)
 from ninfer_runtime.models.cache import GDNSlots
 from ninfer_runtime.models.loading import LoadedModel
 from ninfer_runtime.profiles import PROFILES
@@ -57,7 +62,9 @@ def test_the_27b_warm_up_at_chunk_1024_and_8_requests() -> None:
         assert {s.num_tokens % 16 == 0 for s in prompt
                 if bucket // 2 < s.num_tokens <= bucket} == {True, False}
     assert any(s.num_seqs > 1 for s in prompt)  # chunks of several requests in one step
-    assert [s for s in steps if s.decode] == [WarmupStep(b, b, decode=True) for b in range(1, 9)]
+    # decode steps after a long context: the attention decode is timed where it matters
+    assert [s for s in steps if s.decode] == [WarmupStep(b, b, DECODE_WARMUP_CONTEXT,
+                                                         decode=True) for b in range(1, 9)]
     for s in prompt:
         assert s.num_seqs <= 8 and min(s.chunks) >= 1 and max(s.chunks) <= 1024
         assert sum(s.chunks) == s.num_tokens and s.context + max(s.chunks) < 70_000
@@ -70,14 +77,16 @@ def test_short_chunks_reach_the_buckets_their_sum_can() -> None:
     config = EngineConfig(prefill_chunk=16, max_concurrency=8, max_context=17)
     steps = warmup_steps(config, PROFILES["qwen3_6_27b"].config, H200_SMS)
     assert gemm_buckets(steps) == {32, 64, 128}
-    assert all(s.context == 0 for s in steps)
+    assert all(s.context == 0 for s in steps if not s.decode)
+    # the decode steps' context is capped by the requests' (a token is left to decode)
+    assert {s.context for s in steps if s.decode} == {16}
 
 
 def test_verify_steps_with_spec() -> None:
     config = EngineConfig(prefill_chunk=512, max_concurrency=4, max_context=4096, spec="mtp",
                           draft_tokens=3)
     steps = warmup_steps(config, PROFILES["qwen3_6_35b_a3b"].config, H200_SMS)
-    assert [s for s in steps if s.decode] == [WarmupStep(4 * b, b, decode=True)
+    assert [s for s in steps if s.decode] == [WarmupStep(4 * b, b, 4096 - 4, decode=True)
                                               for b in range(1, 5)]
     assert steps[1] == WarmupStep(512, 1, context=512)
 
@@ -95,7 +104,7 @@ def test_every_warm_up_step_runs(tiny_model: Callable[[str], LoadedModel], kind:
         assert batch.num_tokens == step.num_tokens
         assert batch.state_slots.tolist() == list(range(step.num_seqs))
         assert batch.positions.min().item() == step.context
-    span = max(s.context + max(s.chunks) for s in steps if not s.decode)
+    span = max(s.context + max(s.chunks) for s in steps)
     caches = model.allocate_cache(pages_for(span, config.page_size), config.page_size,
                                   config.max_concurrency, True)
     warm_up(model, caches, config, steps)
@@ -121,3 +130,26 @@ def test_sampler_warm_up_launches_every_sampling_kernel(monkeypatch: pytest.Monk
     assert sorted(launched, key=str) == [("_launch_penalties", torch.bfloat16),
                                          ("_launch_sample", torch.bfloat16),
                                          ("_launch_sample", torch.float32)]
+
+
+def test_the_proposer_warm_up_runs_decode_steps_whose_context_does_not_fit(
+        tiny_model: Callable[[str], LoadedModel]) -> None:
+    """With caches too small for the decode steps' context, a proposer still drafts for every
+    decode step, from position 0 (the context is only there to time attention configs);
+    prompt steps that don't fit are skipped, as before."""
+    model = tiny_model("dense").model
+    config = EngineConfig(prefill_chunk=16, max_context=400, max_concurrency=2, spec="mtp",
+                          draft_tokens=2)
+    steps = warmup_steps(config, model.config, H200_SMS)
+    assert {s.context for s in steps if s.decode} == {397}
+    starts: list[list[int]] = []
+
+    class Recorder:
+        taps = ()
+
+        def propose(self, hidden: torch.Tensor, taps: object, committed: list) -> None:
+            if all(c.propose for c in committed):
+                starts.append([c.start for c in committed])
+
+    warm_up_proposer(Recorder(), model, config, steps, num_pages=1)
+    assert starts == [[0], [0, 0]]

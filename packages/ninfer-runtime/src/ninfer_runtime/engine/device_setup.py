@@ -51,14 +51,16 @@ def _forward_step(model: Qwen3_5Model, caches: list[LayerCache], batch: StepBatc
     return (hidden, logits, tapped) if taps else (hidden, logits)
 
 
-def decode_batch(num_seqs: int, config: EngineConfig, page: int, device: torch.device
-                 ) -> StepBatch:
-    """A step of `num_seqs` decode-ready requests at position 0 of `page`, in state slots
-    0..num_seqs-1: one token each, or with spec a verify segment of K+1 tokens whose
-    snapshot slots lie beyond the first max_concurrency."""
+def decode_batch(num_seqs: int, config: EngineConfig, page: int, device: torch.device,
+                 context: int = 0) -> StepBatch:
+    """A step of `num_seqs` decode-ready requests after `context` cached tokens on the pages
+    from `page` on (shared by all of them), in state slots 0..num_seqs-1: one token each, or
+    with spec a verify segment of K+1 tokens whose snapshot slots lie beyond the first
+    max_concurrency."""
     k, c = config.spec_tokens, config.max_concurrency
+    pages = list(range(page, page + pages_for(context + k + 1, config.page_size)))
     return StepBatch.build(
-        [Segment([0] * (k + 1), 0, [page], b, "all" if k else "last",
+        [Segment([0] * (k + 1), context, pages, b, "all" if k else "last",
                  [*range(c + b * k, c + (b + 1) * k), b] if k else None)
          for b in range(num_seqs)], config.page_size, device)
 
@@ -73,7 +75,7 @@ def warmup_batch(step: WarmupStep, config: EngineConfig, device: torch.device) -
     """The step on pages 0.. and state slots 0..B-1. Its segments share the pages: the warm-up
     keeps no output."""
     if step.decode:
-        return decode_batch(step.num_seqs, config, 0, device)
+        return decode_batch(step.num_seqs, config, 0, device, step.context)
     pages = range(pages_for(step.context + max(step.chunks), config.page_size))
     return StepBatch.build([Segment([0] * n, step.context, pages, slot)
                             for slot, n in enumerate(step.chunks)], config.page_size, device)
@@ -123,7 +125,7 @@ def measure_workspaces(model: Qwen3_5Model, config: EngineConfig) -> tuple[int, 
     size, c = config.page_size, config.max_concurrency
     tokens = c * min(config.prefill_chunk, config.max_context)
     steps = device_warmup_steps(model, config)
-    span = max(s.context + max(s.chunks) for s in steps if not s.decode)
+    span = max(s.context + max(s.chunks) for s in steps)
     pages = pages_for(max(tokens, span), size)
     scratch = model.allocate_cache(pages + 1, size, c * (1 + config.spec_tokens),
                                    config.kv_dtype == "int8")
@@ -177,12 +179,16 @@ def warm_up_proposer(proposer: Proposer, model: Qwen3_5Model, config: EngineConf
     start, ran = time.perf_counter(), 0
     for step in steps:
         rows = [k + 1] * step.num_seqs if step.decode else step.chunks
-        # drafting writes up to K + 1 positions past a decode-ready request's rows
-        pages = range(pages_for(step.context + max(rows) + k + 1, config.page_size))
+        # drafting writes up to K + 1 positions past a decode-ready request's rows; a decode
+        # step's context only times attention configs, so it is dropped where it won't fit
+        context = step.context
+        if step.decode and pages_for(context + max(rows) + k + 1, config.page_size) > num_pages:
+            context = 0
+        pages = range(pages_for(context + max(rows) + k + 1, config.page_size))
         if len(pages) > num_pages:
             continue
         starts = [0, *accumulate(rows)]
-        committed = [Committed(f"warm-up-{i}", range(starts[i], starts[i + 1]), step.context,
+        committed = [Committed(f"warm-up-{i}", range(starts[i], starts[i + 1]), context,
                                [0] * n, pages, propose=step.decode)
                      for i, n in enumerate(rows)]
         hidden = torch.zeros(starts[-1], h, dtype=model.dtype, device=model.device)

@@ -39,6 +39,14 @@ from ninfer_runtime.ops.quant_linear import DEQUANT_MIN_M, SKINNY_MAX_M, decode_
 
 Keys = frozenset[tuple[str, object]]  # (kernel, the shape-dependent part of its key)
 
+# Cached tokens before each request of a decode (verify) warm-up step. The attention kernel's
+# key does not hold the context, so the config its first launch times serves every context:
+# timed over none, the INT8 KV decode's configs ran about equally and the pick was noise (the
+# H200 took a non-prefetching config on one machine, whose 8K steps then spent 0.78 ms in
+# attention against 0.35-0.42 with the prefetching one, docs/perf.md, tenth run). The
+# requests of a warm-up step share these pages, so they cost a few MB whatever the batch.
+DECODE_WARMUP_CONTEXT = 8192
+
 
 @dataclass(frozen=True, slots=True)
 class WarmupStep:
@@ -99,15 +107,16 @@ def _largest(lo: int, hi: int) -> set[int]:
 def warmup_steps(config: EngineConfig, model: ModelConfig, num_sms: int) -> list[WarmupStep]:
     """The start-up warm-up, in order: a long prompt's first chunk and the next one after it
     (cached context), steps that meet every other key value (the largest N of each kept run,
-    with N divisible by 16 and not), and a decode (verify) step at every batch size (the
-    graphs' capture runs those too, but without graphs they run eagerly, and so does a
-    proposer's pass over them)."""
+    with N divisible by 16 and not), and a decode (verify) step at every batch size, each
+    request after DECODE_WARMUP_CONTEXT cached tokens (the graphs' capture runs those shapes
+    too, but without graphs they run eagerly, and so does a proposer's pass over them)."""
     chunk = min(config.prefill_chunk, config.max_context - 1)  # a prompt leaves room for a token
     k, c = config.spec_tokens, config.max_concurrency
     steps = [WarmupStep(chunk, 1)]
     if (second := min(chunk, config.max_context - 1 - chunk)) > 0:
         steps.append(WarmupStep(second, 1, context=chunk))
-    decode = [WarmupStep(b * (k + 1), b, decode=True) for b in range(1, c + 1)]
+    context = max(0, min(DECODE_WARMUP_CONTEXT, config.max_context - (k + 1)))
+    decode = [WarmupStep(b * (k + 1), b, context, decode=True) for b in range(1, c + 1)]
     met = set().union(*(step_keys(s.num_tokens, s.num_seqs, model, num_sms) for s in decode))
     runs = [(b, lo, hi, keys) for b in range(1, c + 1)
             for lo, hi, keys in _runs(b, chunk, model, num_sms)]
