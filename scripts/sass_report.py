@@ -12,7 +12,8 @@ activation rows (default 1, a one-token step).
     .venv/bin/python scripts/sass_report.py --gemm       # the prefill GEMM too
     .venv/bin/python scripts/sass_report.py --moe        # the MoE prompt GEMMs (64-row blocks)
 
-With the GPU machine's Triton (3.6) instead of the venv's, as the device compiles:
+With the GPU machine's Triton (3.6) instead of the venv's, as the device compiles (the
+counts differ: 3.6 builds the 8-row decode on mma.sync, 3.9 on wgmma):
 
     .venv/bin/python -m pip install -q --target /tmp/t36 --no-deps \
         /opt/pypi/files/triton-3.6.0-cp311-*.whl
@@ -45,6 +46,7 @@ from ninfer_runtime.ops import moe  # noqa: E402
 from ninfer_runtime.ops import quant_linear as ql  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
+DEVICE_TRITON = "3.6"  # the H200 image's (../shared/device/README.md)
 TOP_OPCODES = int(os.environ.get("SASS_TOP", "8"))
 ROWS = int(os.environ.get("SASS_ROWS", "1"))  # decode activation rows (the row tile follows)
 PREFETCH = os.environ.get("NINFER_L2_PREFETCH", "0") == "1"  # the decode's L2 prefetch
@@ -205,6 +207,11 @@ def main() -> None:
     args = parser.parse_args()
     print(f"triton {triton.__version__}, target sm_90; per weight = loop instructions / "
           "weights per thread per iteration")
+    if not triton.__version__.startswith(DEVICE_TRITON):
+        # 3.9 builds the 8-row decode on wgmma where the H200's 3.6 builds mma.sync: other
+        # instruction counts and registers than the GPU runs (docs/perf.md, tenth run)
+        print(f"WARNING: the H200 image compiles with Triton {DEVICE_TRITON}; see the "
+              "docstring for running this on it")
     print(f"{'variant':<58} {'/wt':>6} {'loop':>6} {'wt/th':>5} {'reg':>4} {'p/SM':>4} "
           f"{'stack':>5} {'LDL+STL':>6}  top opcodes")
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "ninfer_sass_report"

@@ -27,9 +27,9 @@ Kernels:
   `linear.silu_mul_linear`), so the K loop only streams weights, decodes them and
   multiplies. A program owns BN output rows and one split of K; every M runs on tensor cores,
   rows padded to 8 or 16 (`decode_rows`; a GEMV is bound by decoding, not by the MMA). Per
-  code position j, W_j [BN, BK/8] @ xo[j]^T, the weight the wide operand held in registers
-  (wgmma), so that the operand registers pair two adjacent words of one row, which is what the
-  PTX decodes; the eight products of a tile run as 1-8 dots (`DecodeConfig.dots`: positions
+  code position j, W_j [BN, BK/8] @ xo[j]^T, the weight the MMA's A operand held in
+  registers, so that the operand registers pair two adjacent words of one row, which is what
+  the PTX decodes; the eight products of a tile run as 1-8 dots (`DecodeConfig.dots`: positions
   side by side along K). nvfp4 folds its fp8 block scale into the fp16 operand (exact);
   groupwise-int iterates one 128-code group at a time and applies scale and zero point to the
   group's dot result: s * (sum((1024 + q) x) - (1024 + z) * sum(x)). K is split over a second
@@ -98,14 +98,15 @@ _GROUP_BK = 128  # groupwise-int: the decode kernel's K tile is one quantization
 
 
 def decode_rows(m: int) -> int:
-    """The decode kernel's row tile (the wgmma N) for m activation rows: 8 up to 8 rows (a
+    """The decode kernel's row tile (the MMA's N) for m activation rows: 8 up to 8 rows (a
     decode step at C <= 8, an MTP verify at C <= 2), else 16.
 
-    The activation tile is padded to it in shared memory and the accumulator in registers, so
-    8 halves both against 16: on sm_90 the nvfp4 config BN 128, 8 dots drops from 185 to 167
-    registers (3 programs per SM instead of 2) and from 3.54 to 3.31 SASS instructions per
-    weight (scripts/sass_report.py). wgmma takes N = 8 (mma.sync, also N = 8, converts the
-    activation tile in every warp and costs more instructions)."""
+    The activation tile is padded to it in shared memory and the accumulator in registers.
+    With the H200 image's Triton 3.6 (sm_90 SASS, scripts/sass_report.py run on 3.6) 8 rows
+    compile to mma.sync and 16 to wgmma; the nvfp4 config BN 128, 8 dots takes 168 registers
+    (3 programs per SM) and 3.26 instructions per weight at 8 rows against 184 (2) and 3.45
+    at 16. The 8-row tiles made the 27B decode step 11% shorter on the H200 (docs/perf.md).
+    Triton 3.9 (the CPU venv's) compiles both to wgmma."""
     return 8 if m <= 8 else 16
 
 
@@ -291,18 +292,21 @@ class DecodePlan:
     splits: int
 
 
-# The weight tile is the wgmma A operand in registers (64 rows per warp group), the activation
-# tile (laid out once per call) the shared-memory B operand. Each tensor-core dot ends in a
-# wait for its result, so a K tile in 8 dots (one per code position) waits 8 times; fewer,
-# wider dots wait less but keep more decoded operands live. Nsight Compute on the H200
+# The weight tile is the MMA's A operand in registers (mma.sync at 8 activation rows with the
+# H200's Triton 3.6, see `decode_rows`), the activation tile (laid out once per call) the B
+# operand from shared memory; fewer, wider dots keep more decoded operands live. Nsight
+# Compute on the H200
 # (docs/perf.md, nvfp4 gate_up at M = 1, 16-row tiles) found the kernel latency-bound, not
 # issue- or bandwidth-bound: 2 programs per SM (the register limit) leave 2 warps per
 # scheduler, which issue 0.52 instructions a cycle and move 1.76 TB/s; the BN 64 config, 3
 # programs per SM, moved 1.97. So the configs trade instructions per weight for resident
-# programs (sm_90 SASS at 8 rows, `scripts/sass_report.py`, no spills; per weight /
-# programs per SM): nvfp4 BN 128 2 dots 3.15 / 2, 8 dots 3.31 / 3, BN 64 4 dots 3.90 / 4,
-# 8 dots 4.09 / 5; groupwise-int BN 128 2 dots 2.62 / 4, BN 64 3.92 / 9, each at 4 and 3
-# stages (its tuner never picked 6 stages or 8 dots for the 27B; 3 stages not yet timed).
+# programs (Triton 3.6 sm_90 SASS at 8 rows, `scripts/sass_report.py`, no spills; per weight
+# / programs per SM): nvfp4 BN 128 8 dots 3.26 / 3 (2 stages 3.14 / 2), 2 dots 3.18 / 2,
+# BN 64 4 dots 3.63 / 4, 8 dots 3.70 / 5; groupwise-int BN 128 2 dots 2.70 / 6, BN 64
+# 3.62 / 8, each at 4 and 3 stages (its tuner never picked 6 stages or 8 dots for the 27B;
+# 3 stages not yet timed). Under ncu (tenth run) the default config's warps wait mostly on
+# their own ALU results ("wait", 0.95 cycles an issued instruction) and on global loads
+# (0.49), and find the ALU pipe busy (0.33): the decode's integer work is the bound.
 # On the H200 (`scripts/decode_probe.py`, docs/perf.md, ninth run) the nvfp4 K loop is bound
 # by the decode's issue, not by the tile stream or the dots: without its dots it is no
 # faster, without its decode it streams at 85% of bandwidth; BN 128 with 8 dots at 2-3
