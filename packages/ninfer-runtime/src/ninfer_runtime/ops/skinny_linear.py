@@ -34,6 +34,7 @@ _BN = 16  # weight rows per program
 _BK = 128  # inputs per K iteration
 _PROGRAMS_PER_SM = 2
 _MAX_SPLITS = 64  # never binding below K = 8192 at BK 128: K alone bounds the splits
+EARLY_WEIGHTS = True  # the first weight tile loaded before the inputs are waited for
 
 
 def applies(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -62,8 +63,8 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
                                                 device=x.device)
     _skinny_kernel[(tiles, splits)](
         x, w, parts, quant_linear.tile_counters(x.device, tiles), out, m, n, k, x.stride(0),
-        w.stride(0), split_len, BM=quant_linear.decode_rows(m), BN=_BN, BK=_BK, num_warps=4,
-        **options(x.device))
+        w.stride(0), split_len, BM=quant_linear.decode_rows(m), BN=_BN, BK=_BK,
+        EARLY=EARLY_WEIGHTS, num_warps=4, **options(x.device))
     return out
 
 
@@ -72,22 +73,40 @@ if triton is not None:
     from ninfer_runtime.ops.quant_linear import split_program, sum_parts
 
     @triton.jit
+    def _weight_tile(w_rows, row_ok, k0, k_hi, BK: tl.constexpr):
+        """w[rows, k0:k0 + BK] (zero past k_hi and past the last row)."""
+        ks = k0 + tl.arange(0, BK)
+        return tl.load(w_rows + ks[None, :], mask=row_ok[:, None] & (ks < k_hi)[None, :],
+                       other=0.0)
+
+    @triton.jit
+    def _input_tile(x_ptr, stride_x, ms, m_ok, k0, k_hi, BK: tl.constexpr):
+        """x[ms, k0:k0 + BK]^T (zero past k_hi and past the last row)."""
+        ks = k0 + tl.arange(0, BK)
+        return tl.load(x_ptr + ms[None, :] * stride_x + ks[:, None],
+                       mask=(ks < k_hi)[:, None] & m_ok[None, :], other=0.0)
+
+    @triton.jit
     def _skinny_kernel(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, M, N, K, stride_x,
                        stride_w, split_len, BM: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, GDC: tl.constexpr):
-        """out[:, rows of tile pid 0] over K split pid 1 of num_programs(1)."""
-        wait_for_inputs(GDC)
+                       BK: tl.constexpr, EARLY: tl.constexpr, GDC: tl.constexpr):
+        """out[:, rows of tile pid 0] over K split pid 1 of num_programs(1). With EARLY the
+        first K tile of the weight (which no kernel of a step writes; most programs have only
+        one) is loaded before the wait for the inputs, so its DRAM latency passes while the
+        predecessor still runs."""
         tile, part, rows, row_ok, ms, m_ok, k_lo, k_hi = split_program(M, N, K, split_len, BM,
                                                                        BN)
-        acc = tl.zeros((BN, BM), tl.float32)
-        for k0 in range(k_lo, k_hi, BK):
-            ks = k0 + tl.arange(0, BK)
-            k_ok = ks < k_hi
-            w = tl.load(w_ptr + rows.to(tl.int64)[:, None] * stride_w + ks[None, :],
-                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            xt = tl.load(x_ptr + ms[None, :] * stride_x + ks[:, None],
-                         mask=k_ok[:, None] & m_ok[None, :], other=0.0)
-            acc = tl.dot(w, xt, acc)
+        w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
+        if EARLY:
+            w = _weight_tile(w_rows, row_ok, k_lo, k_hi, BK)
+        wait_for_inputs(GDC)
+        if not EARLY:
+            w = _weight_tile(w_rows, row_ok, k_lo, k_hi, BK)
+        acc = tl.dot(w, _input_tile(x_ptr, stride_x, ms, m_ok, k_lo, k_hi, BK),
+                     tl.zeros((BN, BM), tl.float32))
+        for k0 in range(k_lo + BK, k_hi, BK):
+            acc = tl.dot(_weight_tile(w_rows, row_ok, k0, k_hi, BK),
+                         _input_tile(x_ptr, stride_x, ms, m_ok, k0, k_hi, BK), acc)
         mask = m_ok[:, None] & row_ok[None, :]
         offs = ms.to(tl.int64)[:, None] * N + rows[None, :]
         last, total = sum_parts(tl.trans(acc), part, tl.num_programs(1), part_ptr, offs, M * N,
