@@ -11,7 +11,7 @@ adds the parts in a fixed order (`quant_linear.sum_parts`), so results do not de
 scheduling and no second kernel runs.
 
 On the H200 (docs/perf.md, fifth run) its tests pass and the 27B in_proj_ba at one row takes
-4.9 us against cuBLAS's 7.2 (5.4 against 7.3 at eight rows).
+4.9 us against cuBLAS's 7.2 (5.4 against 7.3 at eight rows); 3.4 us since the tenth run.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ _BN = 16  # weight rows per program
 _BK = 128  # inputs per K iteration
 _PROGRAMS_PER_SM = 2
 _MAX_SPLITS = 64  # never binding below K = 8192 at BK 128: K alone bounds the splits
-EARLY_WEIGHTS = True  # the first weight tile loaded before the inputs are waited for
 
 
 def applies(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -63,8 +62,8 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
                                                 device=x.device)
     _skinny_kernel[(tiles, splits)](
         x, w, parts, quant_linear.tile_counters(x.device, tiles), out, m, n, k, x.stride(0),
-        w.stride(0), split_len, BM=quant_linear.decode_rows(m), BN=_BN, BK=_BK,
-        EARLY=EARLY_WEIGHTS, num_warps=4, **options(x.device))
+        w.stride(0), split_len, BM=quant_linear.decode_rows(m), BN=_BN, BK=_BK, num_warps=4,
+        **options(x.device))
     return out
 
 
@@ -89,19 +88,16 @@ if triton is not None:
     @triton.jit
     def _skinny_kernel(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, M, N, K, stride_x,
                        stride_w, split_len, BM: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, EARLY: tl.constexpr, GDC: tl.constexpr):
-        """out[:, rows of tile pid 0] over K split pid 1 of num_programs(1). With EARLY the
-        first K tile of the weight (which no kernel of a step writes; most programs have only
-        one) is loaded before the wait for the inputs, so its DRAM latency passes while the
-        predecessor still runs."""
+                       BK: tl.constexpr, GDC: tl.constexpr):
+        """out[:, rows of tile pid 0] over K split pid 1 of num_programs(1). The first K tile
+        of the weight (which no kernel of a step writes; most programs have only one) is
+        loaded before the wait for the inputs, so that its DRAM latency passes while the
+        predecessor still runs: 0.3-0.5 us a call on the H200 (docs/perf.md, tenth run)."""
         tile, part, rows, row_ok, ms, m_ok, k_lo, k_hi = split_program(M, N, K, split_len, BM,
                                                                        BN)
         w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
-        if EARLY:
-            w = _weight_tile(w_rows, row_ok, k_lo, k_hi, BK)
+        w = _weight_tile(w_rows, row_ok, k_lo, k_hi, BK)
         wait_for_inputs(GDC)
-        if not EARLY:
-            w = _weight_tile(w_rows, row_ok, k_lo, k_hi, BK)
         acc = tl.dot(w, _input_tile(x_ptr, stride_x, ms, m_ok, k_lo, k_hi, BK),
                      tl.zeros((BN, BM), tl.float32))
         for k0 in range(k_lo + BK, k_hi, BK):
