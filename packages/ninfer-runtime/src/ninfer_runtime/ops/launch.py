@@ -3,11 +3,16 @@
 A decode step is hundreds of small kernels, and between two of them the GPU idles while the
 next one launches: on the H200 a CUDA-graph replay of the 35B-A3B step took 5.16 ms against
 3.84 ms of kernel time. A kernel launched with PDL (Hopper and later) is scheduled while its
-predecessor still runs. It must not read anything before `wait_for_inputs` returns: that waits
-until the predecessor grid has finished and its writes are visible (and, since every PDL kernel
-waits before it ends, every earlier kernel's too), then lets this kernel's own successor launch.
-So each kernel launched with `options(...)` calls `wait_for_inputs` before its first load;
-torch and cuBLAS kernels launch as usual and wait for their predecessors in full.
+predecessor still runs. It must not read anything an earlier kernel may write before
+`wait_for_inputs` returns: that waits until the predecessor grid has finished and its writes
+are visible (and, since every PDL kernel waits before it ends, every earlier kernel's too),
+then lets this kernel's own successor launch. So each kernel launched with `options(...)` calls
+`wait_for_inputs` before it loads its inputs; what no kernel of a step writes may be loaded
+before, so that its latency passes while the predecessor runs (the skinny GEMV's first weight
+tile, 0.3-0.5 us a call on the H200; the GDN decode's state tile). Requests to L2 for the
+decode GEMV's first tiles (`prefetch.global.L2`, or the bulk `prefetch_to_l2`) made it slower
+(docs/perf.md, sixth and tenth runs). torch and cuBLAS kernels launch as usual and wait for
+their predecessors in full.
 
 On by default on Hopper and later (the interpreter never uses it): on the H200 it gave the
 tokens of plain launches (the GPU test) and a 27B decode step 2.7% shorter (docs/perf.md).
