@@ -92,6 +92,7 @@ _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 # found the grid matters little: a shape's best target is within ~10% of the other)
 SPLIT_TARGETS = (4, 16)
 DECODE_TUNING = True  # False: the first config and split target, untimed (tests)
+DECODE_EARLY_WEIGHTS = True  # the first K tile's codes loaded before the wait for inputs
 _MAX_SPLITS = 16
 _SPLIT_GRANULE = 256  # K chunks are whole multiples of every decode config's BK
 _GROUP_BK = 128  # groupwise-int: the decode kernel's K tile is one quantization group
@@ -441,7 +442,7 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
     _decode_kernel[(tiles, plan.splits)](
         xo, inv, xsum, ops.words, ops.scale, ops.zero, ops.gscale, parts, counters, out, m, n,
         k, ops.words.stride(0), ops.scale.stride(0), plan.split_len,
-        PREFETCH=prefetches(ops.words, k, plan.split_len),
+        PREFETCH=prefetches(ops.words, k, plan.split_len), EARLY=DECODE_EARLY_WEIGHTS,
         **decode_tile_args(ops.layout, c, k, m), **options(x.device))
 
 
@@ -662,13 +663,12 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms,
-                    m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
-                    WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
-                    BK: tl.constexpr, DOTS: tl.constexpr):
-        """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ xo^T with the tile's
-        activation scale undone (the weights' operand offset is undone by
-        `decode_result`)."""
+    def tile_codes(w_ptr, s_ptr, z_ptr, row_off, row_ok, k0, k_hi, stride_w, stride_s,
+                   SCHEME: tl.constexpr, WPS: tl.constexpr, EVEN_K: tl.constexpr,
+                   BK: tl.constexpr):
+        """The weight side of the K tile [k0, k0 + BK) of W[rows], which no kernel of a step
+        writes: (codes as uint32 words [BN, BK/8], scales [BN, BK/(8 WPS)], groupwise-int
+        zero points, the scales again for nvfp4)."""
         BKW: tl.constexpr = BK // 8
         BKS: tl.constexpr = BKW // WPS
         # k0 is a multiple of BK: tell the compiler, so that the loads are 16-byte wide
@@ -684,6 +684,20 @@ if triton is not None:
                         other=0).to(tl.uint32, bitcast=True)
         s_off = row_off[:, None] * stride_s + ks[None, :]
         scale = tl.load(s_ptr + s_off, mask=s_mask, other=0.0)
+        if SCHEME == _NVFP4:  # noqa: SIM108 (a compile-time branch: one side is compiled)
+            zero = scale
+        else:
+            zero = tl.load(z_ptr + s_off, mask=s_mask, other=0)
+        return words, scale, zero
+
+    @triton.jit
+    def dot_tile(acc, words, scale, zero, xo_ptr, inv_ptr, xsum_ptr, ms, m_ok, M, K, k0, k_hi,
+                 SCHEME: tl.constexpr, WPS: tl.constexpr, ASM: tl.constexpr,
+                 EVEN_K: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr):
+        """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ xo^T from its `tile_codes`,
+        with the tile's activation scale undone (the weights' operand offset is undone by
+        `decode_result`)."""
+        BKW: tl.constexpr = BK // 8
         inv = tl.load(inv_ptr + (k0 // BK) * M + ms, mask=m_ok, other=0.0)[None, :]
         if SCHEME == _NVFP4:
             o = nv_operands(words, _per_word(scale.to(tl.uint8, bitcast=True), WPS), ASM)
@@ -695,9 +709,20 @@ if triton is not None:
             d = _dots(int_operands(words, ASM), tl.zeros(acc.shape, tl.float32), xo_ptr, ms,
                       m_ok, M, K, k0, k_hi, EVEN_K, BKW, DOTS)
             xsum = tl.load(xsum_ptr + (k0 // _GROUP_BK_C) * M + ms, mask=m_ok, other=0.0)
-            zero = tl.load(z_ptr + s_off, mask=s_mask, other=0).to(tl.float32)
-            d = scale.to(tl.float32) * (d - (_INT_F16_BIAS + zero) * xsum[None, :])
+            d = scale.to(tl.float32) * (d - (_INT_F16_BIAS + zero.to(tl.float32))
+                                        * xsum[None, :])
         return acc + d * inv
+
+    @triton.jit
+    def decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms,
+                    m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
+                    WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
+                    BK: tl.constexpr, DOTS: tl.constexpr):
+        """`dot_tile` of the K tile [k0, k0 + BK) loaded here."""
+        words, scale, zero = tile_codes(w_ptr, s_ptr, z_ptr, row_off, row_ok, k0, k_hi,
+                                        stride_w, stride_s, SCHEME, WPS, EVEN_K, BK)
+        return dot_tile(acc, words, scale, zero, xo_ptr, inv_ptr, xsum_ptr, ms, m_ok, M, K, k0,
+                        k_hi, SCHEME, WPS, ASM, EVEN_K, BK, DOTS)
 
     @triton.jit
     def decode_result(acc, SCHEME: tl.constexpr):
@@ -767,7 +792,7 @@ if triton is not None:
                        SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
                        ASM: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
                        BK: tl.constexpr, DOTS: tl.constexpr, PREFETCH: tl.constexpr,
-                       GDC: tl.constexpr):
+                       EARLY: tl.constexpr, GDC: tl.constexpr):
         """out[:, rows of tile pid 0] from the activation operands of `activation_kernel`,
         over K split pid 1 of num_programs(1) (`_finish_tile` adds the splits). PREFETCH:
         the program's first codes are requested into L2 before anything else."""
@@ -777,12 +802,22 @@ if triton is not None:
         if PREFETCH:
             row = tl.minimum(rows, N - 1).to(tl.int64)
             prefetch_to_l2(w_ptr + row * stride_w + k_lo // 8, (k_hi - k_lo) // 2)
+        # the first K tile's weights are loaded before the wait for the inputs (no kernel of
+        # a step writes them): their DRAM latency passes while the predecessor still runs
+        row_off = rows.to(tl.int64)
+        if EARLY:
+            words, scale, zero = tile_codes(w_ptr, s_ptr, z_ptr, row_off, row_ok, k_lo, k_hi,
+                                            stride_w, stride_s, SCHEME, WPS, EVEN_K, BK)
         wait_for_inputs(GDC)
-        acc = tl.zeros((BN, BM), tl.float32)
-        for k0 in range(k_lo, k_hi, BK):
-            acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr,
-                              rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_w,
-                              stride_s, SCHEME, WPS, ASM, EVEN_K, BK, DOTS)
+        if not EARLY:
+            words, scale, zero = tile_codes(w_ptr, s_ptr, z_ptr, row_off, row_ok, k_lo, k_hi,
+                                            stride_w, stride_s, SCHEME, WPS, EVEN_K, BK)
+        acc = dot_tile(tl.zeros((BN, BM), tl.float32), words, scale, zero, xo_ptr, inv_ptr,
+                       xsum_ptr, ms, m_ok, M, K, k_lo, k_hi, SCHEME, WPS, ASM, EVEN_K, BK, DOTS)
+        for k0 in range(k_lo + BK, k_hi, BK):
+            acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off,
+                              row_ok, ms, m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME, WPS,
+                              ASM, EVEN_K, BK, DOTS)
         _finish_tile(decode_result(acc, SCHEME), pid_k,
                      tl.num_programs(1), part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows,
                      row_ok, ms, m_ok, M, N, SCHEME)
