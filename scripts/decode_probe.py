@@ -13,8 +13,6 @@ the PTX decode, the tensor-core dots) on every 27B decode shape, M = 1, in four 
   and its split reduction;
 - `decode-only`: `_decode_kernel` alone on activation operands prepared once;
 - `decode-nopdl`: the same launched without programmatic dependent launch;
-- `kernel-late`: `kernel` with the first K tile's codes loaded after the wait for the inputs
-  (`quant_linear.DECODE_EARLY_WEIGHTS` off);
 
 for the tuner's configs and the ones it dropped after this probe's runs (4 stages, BK 128;
 docs/perf.md, ninth run) or a longer K tile, each at the K split for 4 and 16 programs per
@@ -53,7 +51,7 @@ from ninfer_runtime.ops.quant_decode import nv_operands
 from ninfer_runtime.profiles import get_profile
 
 MODES = {"full": 0, "no-dot": 1, "no-decode": 2, "kernel": 3, "decode-only": 4,
-         "decode-nopdl": 5, "kernel-late": 6}
+         "decode-nopdl": 5}
 CONFIGS = [*ql.DECODE_CONFIGS[ql._NVFP4_ID]] + [
     ql.DecodeConfig(*args) for args in (
         (128, 256, 4, 4, 8), (128, 128, 4, 4, 2), (64, 512, 4, 3, 8))]
@@ -112,13 +110,9 @@ def _probe_call(ws: list, x: torch.Tensor, xo: torch.Tensor, inv: torch.Tensor,
     splits, _, n = parts.shape
     k = x.shape[1]
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    if mode in (MODES["kernel"], MODES["kernel-late"]):
+    if mode == MODES["kernel"]:
         plan = ql.DecodePlan(c, split_len, splits)
-
-        def engine_call() -> None:
-            ql.DECODE_EARLY_WEIGHTS = mode == MODES["kernel"]
-            ql._run_decode(x, ql._operands(next(cycle)), out, plan)
-        return engine_call
+        return lambda: ql._run_decode(x, ql._operands(next(cycle)), out, plan)
     if mode >= MODES["decode-only"]:
         launch = {"GDC": False, "launch_pdl": False} if mode == MODES["decode-nopdl"] \
             else ql.options(x.device)
@@ -130,7 +124,7 @@ def _probe_call(ws: list, x: torch.Tensor, xo: torch.Tensor, inv: torch.Tensor,
             ql._decode_kernel[(n // c.bn, splits)](
                 xo, inv, inv, ops.words, ops.scale, ops.zero, ops.gscale, part, counters, out,
                 1, n, k, ops.words.stride(0), ops.scale.stride(0), split_len, PREFETCH=False,
-                EARLY=ql.DECODE_EARLY_WEIGHTS, **ql.decode_tile_args(ops.layout, c, k, 1), **launch)
+                **ql.decode_tile_args(ops.layout, c, k, 1), **launch)
         return decode
 
     def call() -> None:

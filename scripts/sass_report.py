@@ -145,7 +145,7 @@ def decode_variants(asm: bool, tmp: Path) -> None:
                                          "*fp32", "*i32", "*bf16", *["i32"] * 6), strict=True))
             cst = {"SCHEME": sid, "WPS": wps, "BM": ql.decode_rows(ROWS), "ASM": asm,
                    "EVEN_K": True, "BN": bn, "BK": bk, "DOTS": cfg.dots, "PREFETCH": PREFETCH,
-                   "EARLY": ql.DECODE_EARLY_WEIGHTS, "GDC": True}
+                   "GDC": True}
             k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages)
             label = f"decode {scheme} BN={bn} BK={bk} w={cfg.warps} s={cfg.stages} d={cfg.dots}"
             report(label, k, bn * bk // (32 * cfg.warps), tmp)

@@ -92,7 +92,6 @@ _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 # found the grid matters little: a shape's best target is within ~10% of the other)
 SPLIT_TARGETS = (4, 16)
 DECODE_TUNING = True  # False: the first config and split target, untimed (tests)
-DECODE_EARLY_WEIGHTS = True  # the first K tile's codes loaded before the wait for inputs
 _MAX_SPLITS = 16
 _SPLIT_GRANULE = 256  # K chunks are whole multiples of every decode config's BK
 _GROUP_BK = 128  # groupwise-int: the decode kernel's K tile is one quantization group
@@ -442,7 +441,7 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
     _decode_kernel[(tiles, plan.splits)](
         xo, inv, xsum, ops.words, ops.scale, ops.zero, ops.gscale, parts, counters, out, m, n,
         k, ops.words.stride(0), ops.scale.stride(0), plan.split_len,
-        PREFETCH=prefetches(ops.words, k, plan.split_len), EARLY=DECODE_EARLY_WEIGHTS,
+        PREFETCH=prefetches(ops.words, k, plan.split_len),
         **decode_tile_args(ops.layout, c, k, m), **options(x.device))
 
 
@@ -792,7 +791,7 @@ if triton is not None:
                        SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
                        ASM: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
                        BK: tl.constexpr, DOTS: tl.constexpr, PREFETCH: tl.constexpr,
-                       EARLY: tl.constexpr, GDC: tl.constexpr):
+                       GDC: tl.constexpr):
         """out[:, rows of tile pid 0] from the activation operands of `activation_kernel`,
         over K split pid 1 of num_programs(1) (`_finish_tile` adds the splits). PREFETCH:
         the program's first codes are requested into L2 before anything else."""
@@ -803,15 +802,13 @@ if triton is not None:
             row = tl.minimum(rows, N - 1).to(tl.int64)
             prefetch_to_l2(w_ptr + row * stride_w + k_lo // 8, (k_hi - k_lo) // 2)
         # the first K tile's weights are loaded before the wait for the inputs (no kernel of
-        # a step writes them): their DRAM latency passes while the predecessor still runs
+        # a step writes them): their DRAM latency passes while the predecessor still runs,
+        # 0.7-1.5 us a call on the H200 (docs/perf.md, tenth run; asking L2 for them instead
+        # lost, as the bulk PREFETCH did)
         row_off = rows.to(tl.int64)
-        if EARLY:
-            words, scale, zero = tile_codes(w_ptr, s_ptr, z_ptr, row_off, row_ok, k_lo, k_hi,
-                                            stride_w, stride_s, SCHEME, WPS, EVEN_K, BK)
+        words, scale, zero = tile_codes(w_ptr, s_ptr, z_ptr, row_off, row_ok, k_lo, k_hi,
+                                        stride_w, stride_s, SCHEME, WPS, EVEN_K, BK)
         wait_for_inputs(GDC)
-        if not EARLY:
-            words, scale, zero = tile_codes(w_ptr, s_ptr, z_ptr, row_off, row_ok, k_lo, k_hi,
-                                            stride_w, stride_s, SCHEME, WPS, EVEN_K, BK)
         acc = dot_tile(tl.zeros((BN, BM), tl.float32), words, scale, zero, xo_ptr, inv_ptr,
                        xsum_ptr, ms, m_ok, M, K, k_lo, k_hi, SCHEME, WPS, ASM, EVEN_K, BK, DOTS)
         for k0 in range(k_lo + BK, k_hi, BK):
