@@ -104,7 +104,7 @@ def decode_rows(m: int) -> int:
     The activation tile is padded to it in shared memory and the accumulator in registers.
     With the H200 image's Triton 3.6 (sm_90 SASS, scripts/sass_report.py run on 3.6) 8 rows
     compile to mma.sync and 16 to wgmma; the nvfp4 config BN 128, 8 dots takes 168 registers
-    (3 programs per SM) and 3.26 instructions per weight at 8 rows against 184 (2) and 3.45
+    (3 programs per SM) and 3.24 instructions per weight at 8 rows against 184 (2) and 3.45
     at 16. The 8-row tiles made the 27B decode step 11% shorter on the H200 (docs/perf.md).
     Triton 3.9 (the CPU venv's) compiles both to wgmma."""
     return 8 if m <= 8 else 16
@@ -301,9 +301,9 @@ class DecodePlan:
 # scheduler, which issue 0.52 instructions a cycle and move 1.76 TB/s; the BN 64 config, 3
 # programs per SM, moved 1.97. So the configs trade instructions per weight for resident
 # programs (Triton 3.6 sm_90 SASS at 8 rows, `scripts/sass_report.py`, no spills; per weight
-# / programs per SM): nvfp4 BN 128 8 dots 3.26 / 3 (2 stages 3.14 / 2), 2 dots 3.18 / 2,
-# BN 64 4 dots 3.63 / 4, 8 dots 3.70 / 5; groupwise-int BN 128 2 dots 2.70 / 6, BN 64
-# 3.62 / 8, each at 4 and 3 stages (its tuner never picked 6 stages or 8 dots for the 27B;
+# / programs per SM): nvfp4 BN 128 8 dots 3.24 / 3 (2 stages 3.15 / 2), 2 dots 3.18 / 2,
+# BN 64 4 dots 3.62 / 4, 8 dots 3.66 / 4; groupwise-int BN 128 2 dots 2.69 / 5, BN 64
+# 3.73 / 7, each at 4 and 3 stages (its tuner never picked 6 stages or 8 dots for the 27B;
 # 3 stages not yet timed). Under ncu (tenth run) the default config's warps wait mostly on
 # their own ALU results ("wait", 0.95 cycles an issued instruction) and on global loads
 # (0.49), and find the ALU pipe busy (0.33): the decode's integer work is the bound.
