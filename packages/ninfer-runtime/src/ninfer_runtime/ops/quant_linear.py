@@ -295,16 +295,15 @@ class DecodePlan:
 # The weight tile is the MMA's A operand in registers (mma.sync at 8 activation rows with the
 # H200's Triton 3.6, see `decode_rows`), the activation tile (laid out once per call) the B
 # operand from shared memory; fewer, wider dots keep more decoded operands live. Nsight
-# Compute on the H200
-# (docs/perf.md, nvfp4 gate_up at M = 1, 16-row tiles) found the kernel latency-bound, not
-# issue- or bandwidth-bound: 2 programs per SM (the register limit) leave 2 warps per
-# scheduler, which issue 0.52 instructions a cycle and move 1.76 TB/s; the BN 64 config, 3
-# programs per SM, moved 1.97. So the configs trade instructions per weight for resident
-# programs (Triton 3.6 sm_90 SASS at 8 rows, `scripts/sass_report.py`, no spills; per weight
-# / programs per SM): nvfp4 BN 128 8 dots 3.24 / 3 (2 stages 3.15 / 2), 2 dots 3.18 / 2,
-# BN 64 4 dots 3.62 / 4, 8 dots 3.66 / 4; groupwise-int BN 128 2 dots 2.69 / 5, BN 64
-# 3.73 / 7, each at 4 and 3 stages (its tuner never picked 6 stages or 8 dots for the 27B;
-# 3 stages not yet timed). Under ncu (tenth run) the default config's warps wait mostly on
+# Compute on the H200 (docs/perf.md, nvfp4 gate_up at M = 1, 16-row tiles) found the kernel
+# latency-bound, not issue- or bandwidth-bound: 2 programs per SM (the register limit) leave
+# 2 warps per scheduler, which issue 0.52 instructions a cycle and move 1.76 TB/s; the BN 64
+# config, 3 programs per SM, moved 1.97. So the configs trade instructions per weight for
+# resident programs (Triton 3.6 sm_90 SASS at 8 rows, `scripts/sass_report.py`, no spills;
+# per weight / programs per SM): nvfp4 BN 128 8 dots 3.24 / 3 (2 stages 3.15 / 2), 2 dots
+# 3.18 / 2, BN 64 4 dots 3.62 / 4, 8 dots 3.66 / 4; groupwise-int BN 128 2 dots 2.69 / 5,
+# BN 64 3.73 / 7, each at 4 and 3 stages (its tuner never picked 6 stages or 8 dots for the
+# 27B; 3 stages not yet timed). Under ncu (tenth run) the default config's warps wait mostly on
 # their own ALU results ("wait", 0.95 cycles an issued instruction) and on global loads
 # (0.49), and find the ALU pipe busy (0.33): the decode's integer work is the bound.
 # On the H200 (`scripts/decode_probe.py`, docs/perf.md, ninth run) the nvfp4 K loop is bound
