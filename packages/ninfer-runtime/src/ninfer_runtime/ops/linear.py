@@ -32,18 +32,31 @@ def _packed_kernels(x: torch.Tensor, w: Weight) -> bool:
             and use_triton(x, *w.parts.values()))
 
 
-def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
-    """x [..., in] @ w[out, in]^T -> [..., out], in x.dtype (see `linear_ref`)."""
+def linear(x: torch.Tensor, w: Weight,
+           operand: quant_linear.DecodeOperand | None = None) -> torch.Tensor:
+    """x [..., in] @ w[out, in]^T -> [..., out], in x.dtype (see `linear_ref`). operand: x's
+    decode operand, made with x by the norm that produced it (`decode_operand_spec`)."""
     rows = x.reshape(-1, x.shape[-1])
     if isinstance(w, torch.Tensor):
         if not skinny_linear.applies(rows, w):
             return F.linear(x, w)
         out = skinny_linear.skinny_linear(rows, w)
     elif _packed_kernels(x, w):
-        out = quant_linear.packed_linear(rows if rows.stride(-1) == 1 else rows.contiguous(), w)
+        out = quant_linear.packed_linear(rows if rows.stride(-1) == 1 else rows.contiguous(), w,
+                                         operand=operand)
     else:
         return linear_ref(x, w)
     return out.view(*x.shape[:-1], w.shape[0])
+
+
+def decode_operand_spec(x: torch.Tensor, w: Weight | None) -> tuple[int, bool] | None:
+    """(group, sums) of the decode operand `linear(y, w)` would make of a y like x [M, K]
+    (norm output: same shape, dtype and device), for the norm that makes y to write it
+    (ops.norm.rms_norm_with_operand); None where linear would not run the decode GEMV."""
+    if (not isinstance(w, PackedWeight) or x.dim() != 2 or not quant_linear.decodes(x)
+            or not _packed_kernels(x, w)):
+        return None
+    return quant_linear.operand_group(w), quant_linear.needs_group_sums(w)
 
 
 def silu_mul_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:

@@ -10,6 +10,11 @@ A kernel program normalises a tile of rows [BLOCK_R, BLOCK_D]: one long row at H
 128-wide head rows in the GDN norm, so that every program moves a few KB and decode (a handful
 of rows) still spreads over several programs. Rows are addressed as (token, head) with separate
 strides, so head views cut out of a fused projection output are read in place, not copied.
+
+A decode step's norm whose output a packed projection reads through the decode GEMV also
+writes that GEMV's activation operand (`rms_norm_with_operand`, models.layers.residual_norm):
+the bits the GEMV's own activation pass would make, one launch fewer for each of them (~1.1
+us a call on the H200, docs/perf.md, tenth run).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch.nn.functional as F
 
 from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.ops.launch import options
+from ninfer_runtime.ops.quant_linear import DecodeOperand
 
 try:
     import triton
@@ -81,8 +87,24 @@ def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: fl
         return add_rms_norm_ref(x, h, weight, eps, unit_offset=unit_offset)
     if x.shape != h.shape:
         raise ValueError(f"add_rms_norm: x {tuple(x.shape)} and h {tuple(h.shape)} differ")
-    residual, out = _launch_rms_norm(_rows(x), _rows(h), weight, eps, unit_offset)
+    residual, out, _ = _launch_rms_norm(_rows(x), _rows(h), weight, eps, unit_offset)
     return residual.view(x.shape), out.view(x.shape)
+
+
+def rms_norm_with_operand(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor,
+                          eps: float, group: int, sums: bool
+                          ) -> tuple[torch.Tensor | None, torch.Tensor, DecodeOperand]:
+    """`add_rms_norm` (h None: `rms_norm`) over x [M, D] that also writes its output's operand
+    for the decode GEMV that reads it (quant_linear.DecodeOperand: scaled in groups of `group`
+    inputs, with the groups' sums if `sums`), the bits that GEMV's own activation pass would
+    make: one launch fewer a projection. Returns (x + h or None, the norm, the operand).
+    Triton only: a decode step's few rows on the GPU."""
+    if x.dim() != 2 or (h is not None and h.shape != x.shape):
+        raise ValueError(f"rms_norm_with_operand: x {tuple(x.shape)}, h "
+                         f"{None if h is None else tuple(h.shape)}")
+    residual, out, operand = _launch_rms_norm(_rows(x), None if h is None else _rows(h), weight,
+                                              eps, True, (group, sums))
+    return (None if residual is None else residual.view(x.shape)), out.view(x.shape), operand
 
 
 def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
@@ -128,6 +150,7 @@ def check_rows(name: str, t: torch.Tensor) -> None:
 
 if triton is not None:
     from ninfer_runtime.ops.launch import wait_for_inputs
+    from ninfer_runtime.ops.quant_decode import store_operand
 
     @triton.jit
     def row_offsets(rows, heads, stride_t, stride_h):
@@ -143,10 +166,13 @@ if triton is not None:
     # n_rows changes from step to step and only bounds the rows: no variant per value class
     # (== 1, divisible by 16, other), so the start-up compiles one where it compiled three
     @triton.jit(do_not_specialize=["n_rows"])
-    def _rms_norm_kernel(x_ptr, h_ptr, res_ptr, w_ptr, out_ptr, n_rows, heads,
-                         x_st, x_sh, h_st, h_sh, eps, D: tl.constexpr,
+    def _rms_norm_kernel(x_ptr, h_ptr, res_ptr, w_ptr, out_ptr, xo_ptr, inv_ptr, xsum_ptr,
+                         n_rows, heads, x_st, x_sh, h_st, h_sh, eps, D: tl.constexpr,
                          HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+                         OPERAND: tl.constexpr, OPERAND_SUMS: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, GDC: tl.constexpr):
+        """OPERAND (a group size, 0 for none): the output's decode operand too
+        (`rms_norm_with_operand`; rows are tokens, heads 1)."""
         wait_for_inputs(GDC)
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_D)
@@ -163,8 +189,11 @@ if triton is not None:
         w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
         if UNIT_OFFSET:
             w = 1.0 + w
-        y = x * inv_rms(x, D, eps)[:, None] * w[None, :]
-        tl.store(out_ptr + dst, y.to(out_ptr.dtype.element_ty), mask=mask)
+        y = (x * inv_rms(x, D, eps)[:, None] * w[None, :]).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + dst, y, mask=mask)
+        if OPERAND:  # from the stored values, as the GEMV's activation pass would read them
+            store_operand(y.to(tl.float32), rows, rows < n_rows, 0, n_rows, D, xo_ptr, inv_ptr,
+                          xsum_ptr, OPERAND, OPERAND_SUMS)
 
     @triton.jit(do_not_specialize=["n_rows"])  # as _rms_norm_kernel
     def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, n_rows, heads,
@@ -191,8 +220,10 @@ if triton is not None:
 
 
 def _launch_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float, unit_offset: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """x, h [T, heads, D] views -> (x + h or None, normed), both contiguous [T, heads, D]."""
+                     eps: float, unit_offset: bool, operand: tuple[int, bool] | None = None
+                     ) -> tuple[torch.Tensor | None, torch.Tensor, DecodeOperand | None]:
+    """x, h [T, heads, D] views -> (x + h or None, normed, with `operand` = (group, sums) the
+    normed rows' decode operand (heads 1)), the tensors contiguous [T, heads, D]."""
     check_rows("rms_norm x", x)
     t, heads, d = x.shape
     assert weight.shape == (d,) and weight.is_contiguous(), f"rms_norm weight {weight.shape}"
@@ -203,16 +234,27 @@ def _launch_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tens
         residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     n_rows = t * heads
+    group, sums = operand or (0, False)
+    decode = None
+    if operand is not None:
+        assert heads == 1 and d % 8 == 0, f"a decode operand of {tuple(x.shape)} rows"
+        groups = triton.cdiv(d, group)
+        inv = torch.empty((groups, n_rows), dtype=torch.float32, device=x.device)
+        decode = DecodeOperand(
+            torch.empty((8, n_rows, d // 8), dtype=torch.float16, device=x.device), inv,
+            torch.empty_like(inv) if sums else inv, group)
     if n_rows == 0:
-        return residual, out
+        return residual, out, decode
     block_r, block_d, num_warps = row_tile(n_rows, d)
+    block_d = max(block_d, group)  # whole operand groups (powers of two)
     h_strides = (h.stride(0), h.stride(1)) if h is not None else (0, 0)
     _rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
         x, h if h is not None else x, residual if residual is not None else out, weight, out,
-        n_rows, heads, x.stride(0), x.stride(1), *h_strides, eps, D=d,
-        HAS_RESIDUAL=h is not None, UNIT_OFFSET=unit_offset, BLOCK_R=block_r, BLOCK_D=block_d,
-        num_warps=num_warps, **options(x.device))
-    return residual, out
+        *((decode.xo, decode.inv, decode.xsum) if decode else (out, out, out)), n_rows, heads,
+        x.stride(0), x.stride(1), *h_strides, eps, D=d, HAS_RESIDUAL=h is not None,
+        UNIT_OFFSET=unit_offset, OPERAND=group, OPERAND_SUMS=sums, BLOCK_R=block_r,
+        BLOCK_D=block_d, num_warps=num_warps, **options(x.device))
+    return residual, out, decode
 
 
 def _launch_gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,

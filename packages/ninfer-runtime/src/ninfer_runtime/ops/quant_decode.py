@@ -32,13 +32,14 @@ Byte tricks (PTX `prmt.b32 d, a, b, sel`: output byte i is byte sel[4i+2:4i] of 
 - groupwise-int: code q OR-ed into the mantissa of 1024.0 (0x6400) is exactly 1024 + q. The
   zero point and scale are applied after the dot, once per 128-code group and output:
   sum((q - z) * s * x) = s * (sum((1024 + q) * x) - (1024 + z) * sum(x)).
-- activations (`activation_kernel`, once per call): each group of a row (one decode K tile:
-  256 inputs for nvfp4, 128 for groupwise-int) is scaled by a power of two that puts its
-  largest |x| in [2^14, 2^15) and rounded once to fp16, whatever the magnitude (bf16 spans
-  far more binades than fp16): exact for every bf16 value within 2^-28 of the group's
-  largest, which is normal in fp16 then; smaller ones lose bits as fp16 subnormals, far below
-  what the fp32 sum of the row can resolve. Each tile's dot result is scaled back by its
-  group's factor.
+- activations (`activation_kernel`, once per call, or the RMSNorm that produced them,
+  ops.norm.rms_norm_with_operand; both through `store_operand`): each group of a row (one
+  decode K tile: 256 inputs for nvfp4, 128 for groupwise-int) is scaled by a power of two
+  that puts its largest |x| in [2^14, 2^15) and rounded once to fp16, whatever the magnitude
+  (bf16 spans far more binades than fp16): exact for every bf16 value within 2^-28 of the
+  group's largest, which is normal in fp16 then; smaller ones lose bits as fp16 subnormals,
+  far below what the fp32 sum of the row can resolve. Each tile's dot result is scaled back
+  by its group's factor.
 """
 
 from __future__ import annotations
@@ -148,6 +149,33 @@ if triton is not None:
                 _int_code(c, 4), _int_code(c, 5), _int_code(c, 6), _int_code(c, 7))
 
     @triton.jit
+    def store_operand(x, rows, row_ok, col0, M, K, xo_ptr, inv_ptr, xsum_ptr,
+                      GROUP: tl.constexpr, HAS_SUM: tl.constexpr):
+        """Rows `rows` of an [M, K] activation as the decode kernels' operand (the layout and
+        scaling `activation_kernel` documents): x [R, C] fp32, its columns col0 .. col0 + C
+        (col0 a multiple of GROUP, C of GROUP; those past K hold zeros). Shared by
+        `activation_kernel` and the norm kernels that write the operand themselves
+        (ops.norm), so both give the same bits."""
+        R: tl.constexpr = x.shape[0]
+        C: tl.constexpr = x.shape[1]
+        G: tl.constexpr = C // GROUP
+        cols = col0 + tl.arange(0, C)
+        xg = tl.reshape(x, (R, G, GROUP))
+        big = tl.max(tl.abs(xg), axis=2)
+        e = tl.maximum((big.to(tl.int32, bitcast=True) >> 23) & 0xFF, 15)
+        m = ((268 - e) << 23).to(tl.float32, bitcast=True)  # 2^(141 - e)
+        group = col0 // GROUP + tl.arange(0, G)
+        g_off = group[None, :] * M + rows[:, None]
+        g_ok = row_ok[:, None] & (group * GROUP < K)[None, :]
+        tl.store(inv_ptr + g_off, ((e - 14) << 23).to(tl.float32, bitcast=True), mask=g_ok)
+        xo = (xg * m[:, :, None]).to(tl.float16)
+        if HAS_SUM:
+            tl.store(xsum_ptr + g_off, tl.sum(xo.to(tl.float32), axis=2), mask=g_ok)
+        xo = tl.reshape(xo, (R, C))
+        dst = ((cols % 8)[None, :] * M + rows[:, None]) * (K // 8) + (cols // 8)[None, :]
+        tl.store(xo_ptr + dst, xo, mask=row_ok[:, None] & (cols < K)[None, :])
+
+    @triton.jit
     def activation_kernel(x_ptr, xo_ptr, inv_ptr, xsum_ptr, M, K, stride_x,
                           GROUP: tl.constexpr, HAS_SUM: tl.constexpr, SWIGLU: tl.constexpr,
                           GDC: tl.constexpr):
@@ -173,10 +201,6 @@ if triton is not None:
         if SWIGLU:
             up = tl.load(src + K, mask=ks < K, other=0.0).to(tl.float32)
             x = silu_mul(x, up, x_ptr.dtype.element_ty).to(tl.float32)
-        e = tl.maximum((tl.max(tl.abs(x), axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF, 15)
-        m = ((268 - e) << 23).to(tl.float32, bitcast=True)  # 2^(141 - e)
-        tl.store(inv_ptr + group * M + row, ((e - 14) << 23).to(tl.float32, bitcast=True))
-        xo = (x * m).to(tl.float16)
-        tl.store(xo_ptr + ((ks % 8) * M + row) * (K // 8) + ks // 8, xo, mask=ks < K)
-        if HAS_SUM:
-            tl.store(xsum_ptr + group * M + row, tl.sum(xo.to(tl.float32), axis=0))
+        rows = row + tl.arange(0, 1)
+        store_operand(x[None, :], rows, rows < M, group * GROUP, M, K, xo_ptr, inv_ptr, xsum_ptr,
+                      GROUP, HAS_SUM)

@@ -24,9 +24,10 @@ Kernels:
   first scaled to fp16 and laid out by code position, once per call
   (`quant_decode.activation_kernel`: xo[j, m, w] = x[m, 8w + j] times a power of two per K
   tile, undone after the tile's dot; for a down projection it applies the MLP's SiLU too,
-  `linear.silu_mul_linear`), so the K loop only streams weights, decodes them and
-  multiplies. A program owns BN output rows and one split of K; every M runs on tensor cores,
-  rows padded to 8 or 16 (`decode_rows`; a GEMV is bound by decoding, not by the MMA). Per
+  `linear.silu_mul_linear`; after an RMSNorm the norm's kernel writes it instead,
+  `DecodeOperand`), so the K loop only streams weights, decodes them and multiplies. A
+  program owns BN output rows and one split of K; every M runs on tensor cores, rows padded
+  to 8 or 16 (`decode_rows`; a GEMV is bound by decoding, not by the MMA). Per
   code position j, W_j [BN, BK/8] @ xo[j]^T, the weight the MMA's A operand held in
   registers, so that the operand registers pair two adjacent words of one row, which is what
   the PTX decodes; the eight products of a tile run as 1-8 dots (`DecodeConfig.dots`: positions
@@ -175,10 +176,37 @@ def decodes(x: torch.Tensor) -> bool:
     return x.shape[0] <= SKINNY_MAX_M and x.dtype != torch.float32
 
 
-def packed_linear(x: torch.Tensor, w: PackedWeight, swiglu: bool = False) -> torch.Tensor:
+@dataclass(frozen=True)
+class DecodeOperand:
+    """x's operand for the decode kernels (`activation_operands`: xo, inv, xsum), written by
+    the kernel that produced x (ops.norm) instead of a pass of its own: one launch fewer
+    before the GEMV. `group` is the K tile it was scaled for (`operand_group`)."""
+
+    xo: torch.Tensor
+    inv: torch.Tensor
+    xsum: torch.Tensor
+    group: int
+
+
+def operand_group(w: PackedWeight) -> int:
+    """The decode K tile, which the activation operand is scaled in groups of, for w's
+    scheme: every decode config of a scheme has the same BK."""
+    scheme = LAYOUTS[w.scheme.name].scheme
+    (bk,) = {c.bk for c in (*DECODE_CONFIGS[scheme], _INTERPRETER_CONFIGS[scheme])}
+    return bk
+
+
+def needs_group_sums(w: PackedWeight) -> bool:
+    """Whether w's decode operand needs its groups' sums (groupwise-int's zero points)."""
+    return LAYOUTS[w.scheme.name].scheme == _INT_ID
+
+
+def packed_linear(x: torch.Tensor, w: PackedWeight, swiglu: bool = False,
+                  operand: DecodeOperand | None = None) -> torch.Tensor:
     """x [M, K] @ dequantize(w)^T -> [M, N] in x.dtype, fp32 accumulation, by the kernels.
     swiglu (decode only): x is [gate | up] [M, 2K] and silu_and_mul(x) is multiplied, the SiLU
-    applied in the decode kernel's activation pass."""
+    applied in the decode kernel's activation pass. operand (decode only): x's decode operand,
+    already made (`DecodeOperand`)."""
     ops = _operands(w)
     n, k = w.shape
     assert x.dim() == 2 and x.shape[1] == k * (1 + swiglu) and x.stride(1) == 1, \
@@ -189,7 +217,7 @@ def packed_linear(x: torch.Tensor, w: PackedWeight, swiglu: bool = False) -> tor
     if m == 0:
         return out
     if decodes(x):
-        _launch_decode(x, ops, out, swiglu)
+        _launch_decode(x, ops, out, swiglu, operand)
     elif m >= DEQUANT_MIN_M:
         dequant_matmul(x, ops, out)
     else:
@@ -332,7 +360,8 @@ def decode_candidates(n: int, k: int, scheme: int, device: torch.device) -> list
     return [DecodePlan(c, *split) for c in configs for split in splits]
 
 
-def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool) -> None:
+def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool,
+                   operand: DecodeOperand | None = None) -> None:
     """The decode kernel with the plan tuned for this weight shape and row tile: every
     candidate timed as CUDA-graph replays on the first call (before any graph captures the
     step, as the engine's warm-up guarantees), then reused for every M of that row tile."""
@@ -340,7 +369,7 @@ def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: b
     plan = tuned_plan(_decode_plans, _decode_key(n, k, ops.layout, x),
                       lambda: decode_candidates(n, k, ops.layout.scheme, x.device),
                       lambda c: _run_decode(x, ops, out, c, swiglu), x.device)
-    _run_decode(x, ops, out, plan, swiglu)
+    _run_decode(x, ops, out, plan, swiglu, operand)
 
 
 def _decode_key(n: int, k: int, layout: _Layout, x: torch.Tensor) -> tuple:
@@ -429,10 +458,14 @@ def activation_operands(x: torch.Tensor, group: int, group_sums: bool, swiglu: b
 
 
 def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: DecodePlan,
-                swiglu: bool = False) -> None:
+                swiglu: bool = False, operand: DecodeOperand | None = None) -> None:
     m, n, k = x.shape[0], out.shape[1], ops.words.shape[1] * 8
     c = plan.config
-    xo, inv, xsum = activation_operands(x, c.bk, ops.layout.scheme == _INT_ID, swiglu)
+    if operand is None:
+        xo, inv, xsum = activation_operands(x, c.bk, ops.layout.scheme == _INT_ID, swiglu)
+    else:
+        assert operand.group == c.bk and not swiglu, "a decode operand of another K tile"
+        xo, inv, xsum = operand.xo, operand.inv, operand.xsum
     tiles = triton.cdiv(n, c.bn)
     counters = tile_counters(x.device, tiles)
     parts = out if plan.splits == 1 else torch.empty((plan.splits, m, n), dtype=torch.float32,
