@@ -104,7 +104,8 @@ def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig) -> torch.Tensor
 
 
 def residual_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float,
-          reader: Weight | None) -> tuple[torch.Tensor, torch.Tensor, DecodeOperand | None]:
+                  reader: Weight | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, DecodeOperand | None]:
     """The residual add (h None: none) and the norm: (stream, norm, the norm's decode operand
     for `reader`, the projection that reads it, when that runs the decode GEMV: written by
     the norm kernel, it spares the GEMV its own activation pass)."""
@@ -129,7 +130,7 @@ def decoder_layer(x: torch.Tensor, h: torch.Tensor | None, w: DecoderLayerWeight
     eps = cfg.rms_norm_eps
     attention = isinstance(w.mixer, AttentionWeights)
     x, h, operand = residual_norm(x, h, w.input_layernorm, eps,
-                          w.mixer.qkv_proj if attention else w.mixer.in_proj_qkvz)
+                                  w.mixer.qkv_proj if attention else w.mixer.in_proj_qkvz)
     if attention:
         assert isinstance(cache, PagedKV), "a full-attention layer needs a PagedKV cache"
         h = gated_attention(h, w.mixer, cache, batch, rope, cfg, operand)
@@ -138,7 +139,7 @@ def decoder_layer(x: torch.Tensor, h: torch.Tensor | None, w: DecoderLayerWeight
         h = gated_delta_net(h, w.mixer, cache, batch, cfg, operand)
     moe = isinstance(w.mlp, MoEWeights)
     x, h, operand = residual_norm(x, h, w.post_attention_layernorm, eps,
-                          None if moe else w.mlp.gate_up_proj)
+                                  None if moe else w.mlp.gate_up_proj)
     h = sparse_moe(h, w.mlp, cfg) if moe else mlp(h, w.mlp, operand)
     return x, h
 

@@ -53,8 +53,7 @@ def decode_operand_spec(x: torch.Tensor, w: Weight | None) -> tuple[int, bool] |
     """(group, sums) of the decode operand `linear(y, w)` would make of a y like x [M, K]
     (norm output: same shape, dtype and device), for the norm that makes y to write it
     (ops.norm.rms_norm_with_operand); None where linear would not run the decode GEMV."""
-    if (not isinstance(w, PackedWeight) or x.dim() != 2 or not quant_linear.decodes(x)
-            or not _packed_kernels(x, w)):
+    if x.dim() != 2 or not quant_linear.decodes(x) or not _packed_kernels(x, w):
         return None
     return quant_linear.operand_group(w), quant_linear.needs_group_sums(w)
 

@@ -238,11 +238,7 @@ def _launch_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tens
     decode = None
     if operand is not None:
         assert heads == 1 and d % 8 == 0, f"a decode operand of {tuple(x.shape)} rows"
-        groups = triton.cdiv(d, group)
-        inv = torch.empty((groups, n_rows), dtype=torch.float32, device=x.device)
-        decode = DecodeOperand(
-            torch.empty((8, n_rows, d // 8), dtype=torch.float16, device=x.device), inv,
-            torch.empty_like(inv) if sums else inv, group)
+        decode = DecodeOperand.empty(n_rows, d, group, sums, x.device)
     if n_rows == 0:
         return residual, out, decode
     block_r, block_d, num_warps = row_tile(n_rows, d)

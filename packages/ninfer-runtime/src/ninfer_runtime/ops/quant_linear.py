@@ -187,13 +187,20 @@ class DecodeOperand:
     xsum: torch.Tensor
     group: int
 
+    @classmethod
+    def empty(cls, m: int, k: int, group: int, sums: bool, device: torch.device
+              ) -> DecodeOperand:
+        """Unwritten buffers for the operand of an [m, k] activation: xo [8, m, k/8] fp16,
+        inv and (with `sums`; else inv again) xsum [groups, m] fp32."""
+        inv = torch.empty((-(-k // group), m), dtype=torch.float32, device=device)
+        xo = torch.empty((8, m, k // 8), dtype=torch.float16, device=device)
+        return cls(xo, inv, torch.empty_like(inv) if sums else inv, group)
+
 
 def operand_group(w: PackedWeight) -> int:
     """The decode K tile, which the activation operand is scaled in groups of, for w's
-    scheme: every decode config of a scheme has the same BK."""
-    scheme = LAYOUTS[w.scheme.name].scheme
-    (bk,) = {c.bk for c in (*DECODE_CONFIGS[scheme], _INTERPRETER_CONFIGS[scheme])}
-    return bk
+    scheme (`_OPERAND_GROUPS`)."""
+    return _OPERAND_GROUPS[LAYOUTS[w.scheme.name].scheme]
 
 
 def needs_group_sums(w: PackedWeight) -> bool:
@@ -349,6 +356,10 @@ DECODE_CONFIGS = {
 }
 _INTERPRETER_CONFIGS = {_NVFP4_ID: DecodeConfig(32, 256, 4, 1),
                         _INT_ID: DecodeConfig(32, _GROUP_BK, 4, 1)}
+# every decode config of a scheme has the same BK, so an activation operand made before the
+# tuner picks one (ops.norm) fits whichever it picks
+_OPERAND_GROUPS = {scheme: bk for scheme, configs in DECODE_CONFIGS.items()
+                   for (bk,) in [{c.bk for c in (*configs, _INTERPRETER_CONFIGS[scheme])}]}
 _decode_plans: dict[tuple, DecodePlan] = {}
 
 
@@ -445,16 +456,11 @@ def activation_operands(x: torch.Tensor, group: int, group_sums: bool, swiglu: b
     kernels' fp16 operand by code position, 1 / each group's scale [K / group, M] and, with
     `group_sums` (groupwise-int weights), each group's operand sum [K / group, M]."""
     m, k = x.shape[0], x.shape[1] // (1 + swiglu)
-    groups = triton.cdiv(k, group)
-    xo = torch.empty((8, m, k // 8), dtype=torch.float16, device=x.device)
-    inv = torch.empty((groups, m), dtype=torch.float32, device=x.device)
-    xsum = torch.empty((groups, m), dtype=torch.float32, device=x.device) \
-        if group_sums else inv
-    activation_kernel[(m, groups)](x, xo, inv, xsum, m, k, x.stride(0), GROUP=group,
-                                   HAS_SUM=group_sums, SWIGLU=swiglu,
-                                   num_warps=max(1, group // 128),
-                                   **options(x.device))
-    return xo, inv, xsum
+    op = DecodeOperand.empty(m, k, group, group_sums, x.device)
+    activation_kernel[(m, op.inv.shape[0])](
+        x, op.xo, op.inv, op.xsum, m, k, x.stride(0), GROUP=group, HAS_SUM=group_sums,
+        SWIGLU=swiglu, num_warps=max(1, group // 128), **options(x.device))
+    return op.xo, op.inv, op.xsum
 
 
 def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: DecodePlan,
