@@ -105,7 +105,7 @@ def decode_rows(m: int) -> int:
     The activation tile is padded to it in shared memory and the accumulator in registers.
     With the H200 image's Triton 3.6 (sm_90 SASS, scripts/sass_report.py run on 3.6) 8 rows
     compile to mma.sync and 16 to wgmma; the nvfp4 config BN 128, 8 dots takes 168 registers
-    (3 programs per SM) and 3.24 instructions per weight at 8 rows against 184 (2) and 3.45
+    (3 programs per SM) and 3.26 instructions per weight at 8 rows against 184 (2) and 3.45
     at 16. The 8-row tiles made the 27B decode step 11% shorter on the H200 (docs/perf.md).
     Triton 3.9 (the CPU venv's) compiles both to wgmma."""
     return 8 if m <= 8 else 16
@@ -335,9 +335,9 @@ class DecodePlan:
 # 2 warps per scheduler, which issue 0.52 instructions a cycle and move 1.76 TB/s; the BN 64
 # config, 3 programs per SM, moved 1.97. So the configs trade instructions per weight for
 # resident programs (Triton 3.6 sm_90 SASS at 8 rows, `scripts/sass_report.py`, no spills;
-# per weight / programs per SM): nvfp4 BN 128 8 dots 3.24 / 3 (2 stages 3.15 / 2), 2 dots
-# 3.18 / 2, BN 64 4 dots 3.62 / 4, 8 dots 3.66 / 4; groupwise-int BN 128 2 dots 2.69 / 5,
-# BN 64 3.73 / 7, each at 4 and 3 stages (its tuner never picked 6 stages or 8 dots for the
+# per weight / programs per SM): nvfp4 BN 128 8 dots 3.26 / 3 (2 stages 3.14 / 2), 2 dots
+# 3.18 / 2, BN 64 4 dots 3.63 / 4, 8 dots 3.70 / 5; groupwise-int BN 128 2 dots 2.70 / 6,
+# BN 64 3.62 / 8, each at 4 and 3 stages (its tuner never picked 6 stages or 8 dots for the
 # 27B; 3 stages not yet timed). Under ncu (tenth run) the default config's warps wait mostly on
 # their own ALU results ("wait", 0.95 cycles an issued instruction) and on global loads
 # (0.49), and find the ALU pipe busy (0.33): the decode's integer work is the bound.
@@ -700,12 +700,13 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def tile_codes(w_ptr, s_ptr, z_ptr, row_off, row_ok, k0, k_hi, stride_w, stride_s,
-                   SCHEME: tl.constexpr, WPS: tl.constexpr, EVEN_K: tl.constexpr,
-                   BK: tl.constexpr):
-        """The weight side of the K tile [k0, k0 + BK) of W[rows], which no kernel of a step
-        writes: (codes as uint32 words [BN, BK/8], scales [BN, BK/(8 WPS)], groupwise-int
-        zero points, the scales again for nvfp4)."""
+    def decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms,
+                    m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
+                    WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
+                    BK: tl.constexpr, DOTS: tl.constexpr):
+        """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ xo^T with the tile's
+        activation scale undone (the weights' operand offset is undone by
+        `decode_result`)."""
         BKW: tl.constexpr = BK // 8
         BKS: tl.constexpr = BKW // WPS
         # k0 is a multiple of BK: tell the compiler, so that the loads are 16-byte wide
@@ -721,20 +722,6 @@ if triton is not None:
                         other=0).to(tl.uint32, bitcast=True)
         s_off = row_off[:, None] * stride_s + ks[None, :]
         scale = tl.load(s_ptr + s_off, mask=s_mask, other=0.0)
-        if SCHEME == _NVFP4:  # noqa: SIM108 (a compile-time branch: one side is compiled)
-            zero = scale
-        else:
-            zero = tl.load(z_ptr + s_off, mask=s_mask, other=0)
-        return words, scale, zero
-
-    @triton.jit
-    def dot_tile(acc, words, scale, zero, xo_ptr, inv_ptr, xsum_ptr, ms, m_ok, M, K, k0, k_hi,
-                 SCHEME: tl.constexpr, WPS: tl.constexpr, ASM: tl.constexpr,
-                 EVEN_K: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr):
-        """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ xo^T from its `tile_codes`,
-        with the tile's activation scale undone (the weights' operand offset is undone by
-        `decode_result`)."""
-        BKW: tl.constexpr = BK // 8
         inv = tl.load(inv_ptr + (k0 // BK) * M + ms, mask=m_ok, other=0.0)[None, :]
         if SCHEME == _NVFP4:
             o = nv_operands(words, _per_word(scale.to(tl.uint8, bitcast=True), WPS), ASM)
@@ -746,20 +733,9 @@ if triton is not None:
             d = _dots(int_operands(words, ASM), tl.zeros(acc.shape, tl.float32), xo_ptr, ms,
                       m_ok, M, K, k0, k_hi, EVEN_K, BKW, DOTS)
             xsum = tl.load(xsum_ptr + (k0 // _GROUP_BK_C) * M + ms, mask=m_ok, other=0.0)
-            d = scale.to(tl.float32) * (d - (_INT_F16_BIAS + zero.to(tl.float32))
-                                        * xsum[None, :])
+            zero = tl.load(z_ptr + s_off, mask=s_mask, other=0).to(tl.float32)
+            d = scale.to(tl.float32) * (d - (_INT_F16_BIAS + zero) * xsum[None, :])
         return acc + d * inv
-
-    @triton.jit
-    def decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms,
-                    m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
-                    WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
-                    BK: tl.constexpr, DOTS: tl.constexpr):
-        """`dot_tile` of the K tile [k0, k0 + BK) loaded here."""
-        words, scale, zero = tile_codes(w_ptr, s_ptr, z_ptr, row_off, row_ok, k0, k_hi,
-                                        stride_w, stride_s, SCHEME, WPS, EVEN_K, BK)
-        return dot_tile(acc, words, scale, zero, xo_ptr, inv_ptr, xsum_ptr, ms, m_ok, M, K, k0,
-                        k_hi, SCHEME, WPS, ASM, EVEN_K, BK, DOTS)
 
     @triton.jit
     def decode_result(acc, SCHEME: tl.constexpr):
@@ -839,20 +815,15 @@ if triton is not None:
         if PREFETCH:
             row = tl.minimum(rows, N - 1).to(tl.int64)
             prefetch_to_l2(w_ptr + row * stride_w + k_lo // 8, (k_hi - k_lo) // 2)
-        # the first K tile's weights are loaded before the wait for the inputs (no kernel of
-        # a step writes them): their DRAM latency passes while the predecessor still runs,
-        # 0.7-1.5 us a call on the H200 (docs/perf.md, tenth run; asking L2 for them instead
-        # lost, as the bulk PREFETCH did)
-        row_off = rows.to(tl.int64)
-        words, scale, zero = tile_codes(w_ptr, s_ptr, z_ptr, row_off, row_ok, k_lo, k_hi,
-                                        stride_w, stride_s, SCHEME, WPS, EVEN_K, BK)
+        # nothing is loaded before the wait: peeling the first K tile out of the loop to load
+        # it there won 0.7-1.5 us a call alone but cost the 27B step 1.4-1.8 ms in the engine
+        # (docs/perf.md, eleventh run)
         wait_for_inputs(GDC)
-        acc = dot_tile(tl.zeros((BN, BM), tl.float32), words, scale, zero, xo_ptr, inv_ptr,
-                       xsum_ptr, ms, m_ok, M, K, k_lo, k_hi, SCHEME, WPS, ASM, EVEN_K, BK, DOTS)
-        for k0 in range(k_lo + BK, k_hi, BK):
-            acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off,
-                              row_ok, ms, m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME, WPS,
-                              ASM, EVEN_K, BK, DOTS)
+        acc = tl.zeros((BN, BM), tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr,
+                              rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_w,
+                              stride_s, SCHEME, WPS, ASM, EVEN_K, BK, DOTS)
         _finish_tile(decode_result(acc, SCHEME), pid_k,
                      tl.num_programs(1), part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows,
                      row_ok, ms, m_ok, M, N, SCHEME)
