@@ -14,7 +14,9 @@ strides, so head views cut out of a fused projection output are read in place, n
 A decode step's norm whose output a packed projection reads through the decode GEMV also
 writes that GEMV's activation operand (`rms_norm_with_operand`, models.layers.residual_norm):
 the bits the GEMV's own activation pass would make, one launch fewer for each of them (~1.1
-us a call on the H200, docs/perf.md, tenth run).
+us a call on the H200, docs/perf.md, tenth run). It spreads a row over a program per operand
+group, as that pass does, each reading the row whole for its rms: written by one program a
+row, the operand made the 27B's norm 2.1 us a call slower (eleventh run).
 """
 
 from __future__ import annotations
@@ -163,6 +165,20 @@ if triton is not None:
         """1 / rms over axis 1 of a fp32 tile whose padding columns hold zeros."""
         return tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
 
+    @triton.jit
+    def _stream_rows(x_ptr, h_ptr, rows, cols, n_rows, heads, x_st, x_sh, h_st, h_sh,
+                     D: tl.constexpr, HAS_RESIDUAL: tl.constexpr, dtype: tl.constexpr):
+        """Columns `cols` of the normed rows as fp32: x, or x + h rounded to the stream's
+        dtype (what the residual stream stores)."""
+        mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
+        x = tl.load(x_ptr + row_offsets(rows, heads, x_st, x_sh)[:, None] + cols[None, :],
+                    mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            h = tl.load(h_ptr + row_offsets(rows, heads, h_st, h_sh)[:, None] + cols[None, :],
+                        mask=mask, other=0.0)
+            x = (x + h.to(tl.float32)).to(dtype).to(tl.float32)
+        return x
+
     # n_rows changes from step to step and only bounds the rows: no variant per value class
     # (== 1, divisible by 16, other), so the start-up compiles one where it compiled three
     @triton.jit(do_not_specialize=["n_rows"])
@@ -170,30 +186,36 @@ if triton is not None:
                          n_rows, heads, x_st, x_sh, h_st, h_sh, eps, D: tl.constexpr,
                          HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
                          OPERAND: tl.constexpr, OPERAND_SUMS: tl.constexpr,
-                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, GDC: tl.constexpr):
-        """OPERAND (a group size, 0 for none): the output's decode operand too
-        (`rms_norm_with_operand`; rows are tokens, heads 1)."""
+                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
+                         GDC: tl.constexpr):
+        """Rows tile program 0, columns [program 1 * CHUNK, + CHUNK) (CHUNK < BLOCK_D: the
+        program reads its rows whole for their rms and writes that chunk only). OPERAND (a
+        group size, 0 for none): the output's decode operand too (`rms_norm_with_operand`;
+        rows are tokens, heads 1)."""
         wait_for_inputs(GDC)
+        dtype = res_ptr.dtype.element_ty
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_D)
+        x = _stream_rows(x_ptr, h_ptr, rows, cols, n_rows, heads, x_st, x_sh, h_st, h_sh, D,
+                         HAS_RESIDUAL, dtype)
+        inv = inv_rms(x, D, eps)[:, None]
+        col0 = tl.program_id(1) * CHUNK
+        if CHUNK < BLOCK_D:
+            cols = col0 + tl.arange(0, CHUNK)
+            x = _stream_rows(x_ptr, h_ptr, rows, cols, n_rows, heads, x_st, x_sh, h_st, h_sh,
+                             D, HAS_RESIDUAL, dtype)
         mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
         dst = rows.to(tl.int64)[:, None] * D + cols[None, :]
-        x = tl.load(x_ptr + row_offsets(rows, heads, x_st, x_sh)[:, None] + cols[None, :],
-                    mask=mask, other=0.0).to(tl.float32)
         if HAS_RESIDUAL:
-            h = tl.load(h_ptr + row_offsets(rows, heads, h_st, h_sh)[:, None] + cols[None, :],
-                        mask=mask, other=0.0)
-            x = (x + h.to(tl.float32)).to(res_ptr.dtype.element_ty)  # the stream's dtype
             tl.store(res_ptr + dst, x, mask=mask)
-            x = x.to(tl.float32)
         w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
         if UNIT_OFFSET:
             w = 1.0 + w
-        y = (x * inv_rms(x, D, eps)[:, None] * w[None, :]).to(out_ptr.dtype.element_ty)
+        y = (x * inv * w[None, :]).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + dst, y, mask=mask)
         if OPERAND:  # from the stored values, as the GEMV's activation pass would read them
-            store_operand(y.to(tl.float32), rows, rows < n_rows, 0, n_rows, D, xo_ptr, inv_ptr,
-                          xsum_ptr, OPERAND, OPERAND_SUMS)
+            store_operand(y.to(tl.float32), rows, rows < n_rows, col0, n_rows, D, xo_ptr,
+                          inv_ptr, xsum_ptr, OPERAND, OPERAND_SUMS)
 
     @triton.jit(do_not_specialize=["n_rows"])  # as _rms_norm_kernel
     def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, n_rows, heads,
@@ -243,13 +265,15 @@ def _launch_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tens
         return residual, out, decode
     block_r, block_d, num_warps = row_tile(n_rows, d)
     block_d = max(block_d, group)  # whole operand groups (powers of two)
+    # with the operand, a program a group, as the GEMV's activation pass spreads it
+    chunk = group or block_d
     h_strides = (h.stride(0), h.stride(1)) if h is not None else (0, 0)
-    _rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
+    _rms_norm_kernel[(triton.cdiv(n_rows, block_r), triton.cdiv(d, chunk))](
         x, h if h is not None else x, residual if residual is not None else out, weight, out,
         *((decode.xo, decode.inv, decode.xsum) if decode else (out, out, out)), n_rows, heads,
         x.stride(0), x.stride(1), *h_strides, eps, D=d, HAS_RESIDUAL=h is not None,
         UNIT_OFFSET=unit_offset, OPERAND=group, OPERAND_SUMS=sums, BLOCK_R=block_r,
-        BLOCK_D=block_d, num_warps=num_warps, **options(x.device))
+        BLOCK_D=block_d, CHUNK=chunk, num_warps=num_warps, **options(x.device))
     return residual, out, decode
 
 

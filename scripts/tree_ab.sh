@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The engine's decode at several source trees on one GPU machine, the decode plans tuned once:
+# an A/B in the engine itself, where a kernel probe can mislead (docs/perf.md, eleventh run:
+# a change that won 0.7-1.5 us a call in scripts/decode_probe.py cost the 27B step 1.5 ms).
+#
+#   here:   bash scripts/tree_ab.sh export REV...   # git archive REV's packages into ab/REV
+#           (or put any tree's packages/ into ab/NAME/ by hand)
+#   device: bash scripts/tree_ab.sh run NAME...     # carry [".whl", "ab"]; NAME head = this tree
+#
+# `run` builds the random-init artifact once (PROFILE, WEIGHTS: default the 27B in nvfp4) and
+# runs `ninfer-bench engine` at C = 1, CTX context, without the breakdown, for each tree in
+# turn. Every tree shares one NINFER_HOME, so the first tree's tuner picks the decode plans
+# and the others reuse them (where their candidate lists are the same): what differs is the
+# code. Each tree's decode row goes to $OUT/stages.txt, its report to $OUT/NAME/.
+set -uo pipefail
+cmd=${1:-}; shift || true
+case $cmd in
+  export)
+    for rev in "$@"; do
+      rm -rf "ab/$rev" && mkdir -p "ab/$rev" && git archive "$rev" packages | tar x -C "ab/$rev"
+    done
+    exit ;;
+  run) ;;
+  *) echo "usage: $0 export REV... | run NAME..." >&2; exit 2 ;;
+esac
+source scripts/device_env.sh
+artifact=/tmp/artifacts/${PROFILE:=qwen3_6_27b}_${WEIGHTS:=nvfp4}.ninfer
+export NINFER_HOME=/tmp/ninfer-ab
+start=$SECONDS
+mkdir -p /tmp/artifacts
+[ -f "$artifact" ] || timeout 420 python3 -m ninfer_convert.cli build "$PROFILE" --random-init \
+  --weights "$WEIGHTS" --no-vision --device cuda -o "$artifact" > "$out/build.log" 2>&1
+echo "build rc=$? ${SECONDS}s" | tee -a "$out/stages.txt"
+for name in "$@"; do
+  root=$PWD; [ "$name" = head ] || root=$PWD/ab/$name
+  s=$SECONDS
+  PYTHONPATH=/tmp/site:$(ls -d "$root"/packages/*/src | paste -sd:) timeout "${TREE_SECONDS:-240}" \
+    python3 -m ninfer_bench.cli engine "$artifact" --context-lengths "${CTX:-8192}" \
+    --decode-tokens 64 --concurrency 1 --no-breakdown --output "$out/$name" > "$out/$name.log" 2>&1
+  echo "$name rc=$? $((SECONDS - s))s (${SECONDS}s in all)" | tee -a "$out/stages.txt"
+  grep -h "^| decode" "$out/$name"/*.md 2>/dev/null | tee -a "$out/stages.txt"
+done
