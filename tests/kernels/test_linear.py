@@ -16,11 +16,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ninfer_runtime.models.layers import residual_norm
+from ninfer_runtime.models.layers import gated_norm, residual_norm
 from ninfer_runtime.ops import quant_linear
 from ninfer_runtime.ops.activation import silu_and_mul
 from ninfer_runtime.ops.linear import linear, select, silu_mul_linear
-from ninfer_runtime.ops.norm import add_rms_norm, rms_norm, rms_norm_with_operand
+from ninfer_runtime.ops.norm import (
+    add_rms_norm,
+    gated_rms_norm,
+    gated_rms_norm_with_operand,
+    rms_norm,
+    rms_norm_with_operand,
+)
 from ninfer_runtime.quant import PackedWeight, get_scheme
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -394,6 +400,51 @@ def test_a_norm_writes_the_operand_its_decode_gemv_would_make(scheme: str, rows:
     assert not sums or torch.equal(operand.xsum, xsum)
     assert torch.equal(quant_linear.packed_linear(out, w, operand=operand),
                        quant_linear.packed_linear(out, w))
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_the_gdn_output_norm_writes_out_projs_operand(scheme: str, rows: int) -> None:
+    """`gated_rms_norm_with_operand` over [rows, heads, D]: the norm `gated_rms_norm` gives,
+    and the decode operand of it read as [rows, heads * D] that out_proj's own activation
+    pass would make, bit for bit (D = 64: a program takes the 2 or 4 heads of a group); no
+    operand where a program's heads cannot make whole groups."""
+    heads, d = 8, 64
+    w = packed(scheme, 96, heads * d)
+    x = rand(rows, heads, d, dtype=torch.float16) * 4
+    z = rand(rows, heads, d, dtype=torch.float16, seed=2)
+    gamma = 1 + rand(d, dtype=torch.float16, seed=3) * 0.1
+    group, sums = quant_linear.operand_group(w), quant_linear.needs_group_sums(w)
+    out, operand = gated_rms_norm_with_operand(x, z, gamma, 1e-6, group, sums)
+    assert torch.equal(out, gated_rms_norm(x, z, gamma, 1e-6))
+    flat = out.reshape(rows, heads * d)
+    xo, inv, xsum = quant_linear.activation_operands(flat, group, sums)
+    assert operand is not None and operand.group == group
+    assert torch.equal(operand.xo, xo) and torch.equal(operand.inv, inv)
+    assert not sums or torch.equal(operand.xsum, xsum)
+    assert torch.equal(linear(flat, w, operand), linear(flat, w))
+    odd = group // d + 1  # heads that split a group between programs
+    out, operand = gated_rms_norm_with_operand(x[:, :odd], z[:, :odd], gamma, 1e-6, group, sums)
+    assert operand is None and torch.equal(out, gated_rms_norm(x[:, :odd], z[:, :odd], gamma,
+                                                               1e-6))
+
+
+def test_the_gdn_norm_hands_out_proj_the_operand_of_a_decode_gemv_only() -> None:
+    """`models.layers.gated_norm`: the operand where out_proj runs the decode GEMV, none for a
+    plain weight, fp32 activations or a prompt's rows; the norm in every case."""
+    heads, d = 8, 64
+    w = packed("nvfp4", 96, heads * d)
+    gamma = 1 + rand(d, dtype=torch.float16, seed=3) * 0.1
+    x = rand(2, heads, d, dtype=torch.float16) * 4
+    z = rand(2, heads, d, dtype=torch.float16, seed=2)
+    out, operand = gated_norm(x, z, gamma, 1e-6, w)
+    assert torch.equal(out, gated_rms_norm(x, z, gamma, 1e-6)) and operand is not None
+    plain = rand(96, heads * d, dtype=torch.float16)
+    many = rand(quant_linear.SKINNY_MAX_M + 1, heads, d, dtype=torch.float16)
+    for args in ((x, z, gamma, plain), (x.float(), z.float(), gamma.float(), w),
+                 (many, many, gamma, w)):
+        out, operand = gated_norm(*args[:3], 1e-6, args[3])
+        assert operand is None and torch.equal(out, gated_rms_norm(*args[:3], 1e-6))
 
 
 def test_a_layer_norm_hands_the_operand_to_a_decode_gemv_only() -> None:

@@ -28,7 +28,13 @@ from ninfer_runtime.ops.conv import causal_conv1d_varlen
 from ninfer_runtime.ops.gdn import gated_delta_rule_varlen, gdn_decode, gdn_gating
 from ninfer_runtime.ops.linear import Weight, decode_operand_spec, linear, silu_mul_linear
 from ninfer_runtime.ops.moe import moe_experts, route
-from ninfer_runtime.ops.norm import add_rms_norm, gated_rms_norm, rms_norm, rms_norm_with_operand
+from ninfer_runtime.ops.norm import (
+    add_rms_norm,
+    gated_rms_norm,
+    gated_rms_norm_with_operand,
+    rms_norm,
+    rms_norm_with_operand,
+)
 from ninfer_runtime.ops.quant_linear import DecodeOperand
 from ninfer_runtime.ops.rope import qk_norm_rope, rope_cos_sin
 
@@ -72,8 +78,8 @@ def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: Step
         parts.append(_chunked_gdn(mixed[r:], a[r:], b[r:], w, state, cu_seqlens,
                                   batch.state_slots[seqs:], cfg))
     out = parts[0] if len(parts) == 1 else torch.cat(parts)
-    out = gated_rms_norm(out, z.reshape(n, nv, dv), w.norm, cfg.rms_norm_eps)
-    return linear(out.reshape(n, nv * dv), w.out_proj)
+    out, operand = gated_norm(out, z.reshape(n, nv, dv), w.norm, cfg.rms_norm_eps, w.out_proj)
+    return linear(out.reshape(n, nv * dv), w.out_proj, operand)
 
 
 def _chunked_gdn(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, w: GDNWeights,
@@ -117,6 +123,17 @@ def residual_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor,
         return x, rms_norm(x, weight, eps), None
     x, normed = add_rms_norm(x, h, weight, eps)
     return x, normed, None
+
+
+def gated_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
+               reader: Weight) -> tuple[torch.Tensor, DecodeOperand | None]:
+    """The GDN output norm of x, z [T, heads, D], and its decode operand for `reader` (the
+    out_proj that reads it as [T, heads * D]) where that runs the decode GEMV and the heads
+    tile the operand's groups (as `residual_norm`)."""
+    spec = decode_operand_spec(x.flatten(1), reader)
+    if spec is None:
+        return gated_rms_norm(x, z, weight, eps), None
+    return gated_rms_norm_with_operand(x, z, weight, eps, *spec)
 
 
 def decoder_layer(x: torch.Tensor, h: torch.Tensor | None, w: DecoderLayerWeights,

@@ -12,11 +12,13 @@ of rows) still spreads over several programs. Rows are addressed as (token, head
 strides, so head views cut out of a fused projection output are read in place, not copied.
 
 A decode step's norm whose output a packed projection reads through the decode GEMV also
-writes that GEMV's activation operand (`rms_norm_with_operand`, models.layers.residual_norm):
-the bits the GEMV's own activation pass would make, one launch fewer for each of them (~1.1
-us a call on the H200, docs/perf.md, tenth run). It spreads a row over a program per operand
-group, as that pass does, each reading the row whole for its rms: written by one program a
-row, the operand made the 27B's norm 2.1 us a call slower (eleventh run).
+writes that GEMV's activation operand (`rms_norm_with_operand`, `gated_rms_norm_with_operand`;
+models.layers.residual_norm and gated_norm): the bits the GEMV's own activation pass would
+make, one launch fewer for each of them (~1.1 us a call on the H200, docs/perf.md, tenth
+run). The RMSNorm spreads a row over a program per operand group, as that pass does, each
+reading the row whole for its rms: written by one program a row, the operand made the 27B's
+norm 2.1 us a call slower (eleventh run). The GDN norm's heads are rows already: a program
+takes the heads of one group.
 """
 
 from __future__ import annotations
@@ -117,7 +119,23 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
         return gated_rms_norm_ref(x, z, weight, eps)
     if x.shape != z.shape:
         raise ValueError(f"gated_rms_norm: x {tuple(x.shape)} and z {tuple(z.shape)} differ")
-    return _launch_gated_rms_norm(_rows(x), _rows(z), weight, eps).view(x.shape)
+    return _launch_gated_rms_norm(_rows(x), _rows(z), weight, eps)[0].view(x.shape)
+
+
+def gated_rms_norm_with_operand(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
+                                eps: float, group: int, sums: bool
+                                ) -> tuple[torch.Tensor, DecodeOperand | None]:
+    """`gated_rms_norm` over x, z [T, heads, D] that also writes the decode operand of its
+    output read as [T, heads * D] (the GDN out_proj's input; `rms_norm_with_operand` says
+    what the operand is), where a program's heads make whole operand groups: D a power of
+    two and heads a multiple of group / D. Elsewhere the operand is None (the GEMV makes
+    its own). Triton only: a decode step's few rows on the GPU."""
+    if x.dim() != 3 or z.shape != x.shape:
+        raise ValueError(f"gated_rms_norm_with_operand: x {tuple(x.shape)}, z {tuple(z.shape)}")
+    heads, d = x.shape[1], x.shape[2]
+    fits = (d & (d - 1)) == 0 and heads % max(1, group // d) == 0
+    out, operand = _launch_gated_rms_norm(x, z, weight, eps, (group, sums) if fits else None)
+    return out, operand
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -218,10 +236,14 @@ if triton is not None:
                           inv_ptr, xsum_ptr, OPERAND, OPERAND_SUMS)
 
     @triton.jit(do_not_specialize=["n_rows"])  # as _rms_norm_kernel
-    def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, n_rows, heads,
-                               x_st, x_sh, z_st, z_sh, eps, D: tl.constexpr,
-                               ROUND_PRODUCT: tl.constexpr, BLOCK_R: tl.constexpr,
+    def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, xo_ptr, inv_ptr, xsum_ptr, n_rows,
+                               heads, x_st, x_sh, z_st, z_sh, eps, D: tl.constexpr,
+                               ROUND_PRODUCT: tl.constexpr, OPERAND: tl.constexpr,
+                               OPERAND_SUMS: tl.constexpr, BLOCK_R: tl.constexpr,
                                BLOCK_D: tl.constexpr, GDC: tl.constexpr):
+        """OPERAND (a group size, 0 for none): the decode operand of the output read as
+        [tokens, heads * D] too; a program's BLOCK_R heads are then whole groups of one
+        token (BLOCK_D = D, heads a multiple of BLOCK_R)."""
         wait_for_inputs(GDC)
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_D)
@@ -236,9 +258,16 @@ if triton is not None:
         y = w[None, :] * normed
         if ROUND_PRODUCT:  # w and x share a dtype: the reference's product is in it
             y = y.to(dtype).to(tl.float32)
-        y = y * (z / (1.0 + tl.exp(-z)))
+        y = (y * (z / (1.0 + tl.exp(-z)))).to(dtype)
         dst = rows.to(tl.int64)[:, None] * D + cols[None, :]
-        tl.store(out_ptr + dst, y.to(dtype), mask=mask)
+        tl.store(out_ptr + dst, y, mask=mask)
+        if OPERAND:  # from the stored values, as the GEMV's activation pass would read them
+            first = tl.program_id(0) * BLOCK_R
+            tokens = first // heads + tl.arange(0, 1)
+            flat = tl.reshape(y.to(tl.float32), (1, BLOCK_R * BLOCK_D))
+            store_operand(flat, tokens, tokens < n_rows // heads, (first % heads) * D,
+                          n_rows // heads, heads * D, xo_ptr, inv_ptr, xsum_ptr, OPERAND,
+                          OPERAND_SUMS)
 
 
 def _launch_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor,
@@ -278,8 +307,10 @@ def _launch_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tens
 
 
 def _launch_gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
-                           eps: float) -> torch.Tensor:
-    """x, z [T, heads, D] views -> contiguous [T, heads, D] in x.dtype."""
+                           eps: float, operand: tuple[int, bool] | None = None
+                           ) -> tuple[torch.Tensor, DecodeOperand | None]:
+    """x, z [T, heads, D] views -> (contiguous [T, heads, D] in x.dtype, with `operand` =
+    (group, sums) its decode operand as [T, heads * D])."""
     check_rows("gated_rms_norm x", x)
     check_rows("gated_rms_norm z", z)
     t, heads, d = x.shape
@@ -289,11 +320,19 @@ def _launch_gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tenso
     assert product in (x.dtype, torch.float32), f"gated_rms_norm weight dtype {weight.dtype}"
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     n_rows = t * heads
+    group, sums = operand or (0, False)
+    decode = None
+    if operand is not None:
+        decode = DecodeOperand.empty(t, heads * d, group, sums, x.device)
     if n_rows == 0:
-        return out
+        return out, decode
     block_r, block_d, num_warps = row_tile(n_rows, d)
+    if operand is not None:  # the heads of whole operand groups
+        block_r = max(1, group // d)
+        assert block_d == d and heads % block_r == 0, f"a decode operand of {tuple(x.shape)}"
     _gated_rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
-        x, z, weight, out, n_rows, heads, x.stride(0), x.stride(1), z.stride(0), z.stride(1),
-        eps, D=d, ROUND_PRODUCT=product == x.dtype, BLOCK_R=block_r, BLOCK_D=block_d,
-        num_warps=num_warps, **options(x.device))
-    return out
+        x, z, weight, out, *((decode.xo, decode.inv, decode.xsum) if decode else (out,) * 3),
+        n_rows, heads, x.stride(0), x.stride(1), z.stride(0), z.stride(1), eps, D=d,
+        ROUND_PRODUCT=product == x.dtype, OPERAND=group, OPERAND_SUMS=sums, BLOCK_R=block_r,
+        BLOCK_D=block_d, num_warps=num_warps, **options(x.device))
+    return out, decode
