@@ -89,3 +89,46 @@ def test_dependent_launches_give_the_tokens_of_plain_launches(
         tokens[pdl] = drain(engine(loaded, **config), reqs).tokens
     launch._pdl.cache_clear()
     assert tokens["1"] == tokens["0"]
+
+
+# the GDN norm's 4 heads of 32 make a groupwise-int operand group (128), not an nvfp4 one (256)
+@pytest.mark.parametrize(("kind", "weights", "gdn_operand"),
+                         [("dense", "nvfp4", False), ("moe", "groupwise-int", True)])
+def test_half_steps_give_the_reference_logits(quantized, monkeypatch: pytest.MonkeyPatch,
+                                              kind: str, weights: str,
+                                              gdn_operand: bool) -> None:
+    """The token tests above run fp32, which never takes the decode GEMV (half activations
+    only) nor the operands the norms write for it (input and post-attention RMSNorms, the GDN
+    output norm, the MoE's gate|up stage). In half precision a prompt of 5 tokens (decode
+    GEMV rows too) and two one-token steps give the reference ops' logits to half
+    rounding, and the same logits bit for bit whether the norms hand their operands on or
+    every GEMV makes its own."""
+    from ninfer_runtime.models import layers
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16  # interpreter: no bf16 dots
+    ids = torch.tensor(prompt(7, 3))
+
+    def run(mode: str) -> torch.Tensor:
+        monkeypatch.setenv("NINFER_OPS", mode)
+        model = load_artifact(quantized(kind, weights), device, dtype=dtype).model
+        cache = model.new_cache()
+        steps = [model.logits(model.forward(ids[:5], 0, cache))]
+        steps += [model.logits(model.forward(ids[p:p + 1], p, cache)) for p in (5, 6)]
+        return torch.cat(steps)
+
+    handed = []
+    for name in ("rms_norm_with_operand", "gated_rms_norm_with_operand"):
+        def spy(*args, _f=getattr(layers, name), _name=name):  # noqa: B008 (bound per name)
+            out = _f(*args)
+            handed.append((_name, out[-1] is not None))
+            return out
+        monkeypatch.setattr(layers, name, spy)
+    ref, triton = run("ref"), run("triton")
+    assert set(handed) == {("rms_norm_with_operand", True),
+                           ("gated_rms_norm_with_operand", gdn_operand)}
+    for name in ("decode_operand_spec", "moe_operand_spec"):
+        monkeypatch.setattr(layers, name, lambda *args: None)
+    assert torch.equal(run("triton"), triton)
+    tol = 4e-2 if dtype == torch.bfloat16 else 1e-2
+    torch.testing.assert_close(triton, ref, rtol=0, atol=tol * ref.abs().max().item())
