@@ -175,7 +175,8 @@ def main() -> None:
         for (c, (split_len, splits)), mode in itertools.product(grids, args.modes.split(",")):
             if n % c.bn or k % c.bk:
                 continue
-            xo, inv, _ = ql.activation_operands(x, c.bk, False)
+            op = ql.activation_operands(x, c.bk, False)
+            xo, inv = op.xo, op.inv
             parts = torch.empty((splits, 1, n), dtype=torch.float32, device="cuda")
             call = _probe_call(ws, x, xo, inv, parts, c, MODES[mode], split_len)
             try:

@@ -394,10 +394,10 @@ def test_a_norm_writes_the_operand_its_decode_gemv_would_make(scheme: str, rows:
         expect = rms_norm(x, gamma, 1e-6)
         assert res is None
     assert torch.equal(out, expect)
-    xo, inv, xsum = quant_linear.activation_operands(out, group, sums)
+    expect = quant_linear.activation_operands(out, group, sums)
     assert operand.group == group
-    assert torch.equal(operand.xo, xo) and torch.equal(operand.inv, inv)
-    assert not sums or torch.equal(operand.xsum, xsum)
+    assert torch.equal(operand.xo, expect.xo) and torch.equal(operand.inv, expect.inv)
+    assert not sums or torch.equal(operand.xsum, expect.xsum)
     assert torch.equal(quant_linear.packed_linear(out, w, operand=operand),
                        quant_linear.packed_linear(out, w))
 
@@ -418,10 +418,10 @@ def test_the_gdn_output_norm_writes_out_projs_operand(scheme: str, rows: int) ->
     out, operand = gated_rms_norm_with_operand(x, z, gamma, 1e-6, group, sums)
     assert torch.equal(out, gated_rms_norm(x, z, gamma, 1e-6))
     flat = out.reshape(rows, heads * d)
-    xo, inv, xsum = quant_linear.activation_operands(flat, group, sums)
+    expect = quant_linear.activation_operands(flat, group, sums)
     assert operand is not None and operand.group == group
-    assert torch.equal(operand.xo, xo) and torch.equal(operand.inv, inv)
-    assert not sums or torch.equal(operand.xsum, xsum)
+    assert torch.equal(operand.xo, expect.xo) and torch.equal(operand.inv, expect.inv)
+    assert not sums or torch.equal(operand.xsum, expect.xsum)
     assert torch.equal(linear(flat, w, operand), linear(flat, w))
     odd = group // d + 1  # heads that split a group between programs
     out, operand = gated_rms_norm_with_operand(x[:, :odd], z[:, :odd], gamma, 1e-6, group, sums)

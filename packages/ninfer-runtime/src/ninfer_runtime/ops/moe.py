@@ -71,6 +71,8 @@ ALIGN_SPAN = 512
 # Up to this many tokens moe_experts takes the GEMV path: a pair's expert is read by its own
 # programs (L2 absorbs repeats of an expert within the step); above it, sorting by expert pays.
 DECODE_MAX_TOKENS = 16
+# activations that the decode stages of packed experts take on tensor cores
+_TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
 
 
 # ---- references ----
@@ -198,7 +200,7 @@ def decode_operand_spec(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeig
     that makes y to write it (ops.norm.rms_norm_with_operand); None where that stage does
     not run."""
     if (x.dim() != 2 or not 0 < x.shape[0] <= DECODE_MAX_TOKENS
-            or x.dtype not in (torch.float16, torch.bfloat16)
+            or x.dtype not in _TENSOR_CORE_DTYPES
             or not isinstance(gate_up, PackedWeight) or not _supported(gate_up)
             or not _supported(down) or not use_triton(x, *_tensors(gate_up), *_tensors(down))):
         return None
@@ -371,7 +373,7 @@ def _launch_moe_decode(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeigh
     weights = weights.float().contiguous()
     hidden = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
-    if gu.scheme != PLAIN and x.dtype in (torch.float16, torch.bfloat16):
+    if gu.scheme != PLAIN and x.dtype in _TENSOR_CORE_DTYPES:
         _tensor_core_stage(x, gu, hidden, ids, weights, swiglu=True, operand=operand)
         _tensor_core_stage(hidden, dn, out, ids, weights, swiglu=False)
         return out
@@ -444,10 +446,8 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
                operand: quant_linear.DecodeOperand | None = None) -> None:
     c = plan.config
     if operand is None:
-        xo, inv, xsum = quant_linear.activation_operands(a, c.bk, w.scheme == INT4)
-    else:
-        assert operand.group == c.bk, "a decode operand of another K tile"
-        xo, inv, xsum = operand.xo, operand.inv, operand.xsum
+        operand = quant_linear.activation_operands(a, c.bk, w.scheme == INT4)
+    assert operand.group == c.bk, "a decode operand of another K tile"
     e, rows, k = w.shape
     n = rows // 2 if swiglu else rows
     pairs, top_k = ids.numel(), ids.shape[-1]
@@ -460,7 +460,7 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
         if parts > 1 else out
     words = w.weight.view(torch.int32)
     _decode_experts_kernel[(pairs, tiles, splits)](
-        xo, inv, xsum, words, w.scale, w.aux, part_buf,
+        operand.xo, operand.inv, operand.xsum, words, w.scale, w.aux, part_buf,
         quant_linear.tile_counters(a.device, outputs * tiles), out, ids, weights, a.shape[0],
         n, k, top_k, words.stride(0), words.stride(1), w.scale.stride(0), w.scale.stride(1),
         w.aux.stride(0), split_len, SWIGLU=swiglu,

@@ -178,8 +178,8 @@ def decodes(x: torch.Tensor) -> bool:
 
 @dataclass(frozen=True)
 class DecodeOperand:
-    """x's operand for the decode kernels (`activation_operands`: xo, inv, xsum), written by
-    the kernel that produced x (ops.norm) instead of a pass of its own: one launch fewer
+    """x's operand for the decode kernels: xo, inv, xsum of `activation_operands`, or written
+    by the kernel that produced x (ops.norm) instead of a pass of its own, one launch fewer
     before the GEMV. `group` is the K tile it was scaled for (`operand_group`)."""
 
     xo: torch.Tensor
@@ -450,8 +450,8 @@ def _l2_bytes(device: torch.device) -> int:
 
 
 def activation_operands(x: torch.Tensor, group: int, group_sums: bool, swiglu: bool = False
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(xo, inv, xsum) of `quant_decode.activation_kernel` for x [M, K] (swiglu: [gate | up]
+                        ) -> DecodeOperand:
+    """xo, inv, xsum of `quant_decode.activation_kernel` for x [M, K] (swiglu: [gate | up]
     [M, 2K], silu_and_mul's input) in groups of `group` inputs (the decode K tile): the decode
     kernels' fp16 operand by code position, 1 / each group's scale [K / group, M] and, with
     `group_sums` (groupwise-int weights), each group's operand sum [K / group, M]."""
@@ -460,7 +460,7 @@ def activation_operands(x: torch.Tensor, group: int, group_sums: bool, swiglu: b
     activation_kernel[(m, op.inv.shape[0])](
         x, op.xo, op.inv, op.xsum, m, k, x.stride(0), GROUP=group, HAS_SUM=group_sums,
         SWIGLU=swiglu, num_warps=max(1, group // 128), **options(x.device))
-    return op.xo, op.inv, op.xsum
+    return op
 
 
 def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: DecodePlan,
@@ -468,17 +468,17 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
     m, n, k = x.shape[0], out.shape[1], ops.words.shape[1] * 8
     c = plan.config
     if operand is None:
-        xo, inv, xsum = activation_operands(x, c.bk, ops.layout.scheme == _INT_ID, swiglu)
+        operand = activation_operands(x, c.bk, ops.layout.scheme == _INT_ID, swiglu)
     else:
-        assert operand.group == c.bk and not swiglu, "a decode operand of another K tile"
-        xo, inv, xsum = operand.xo, operand.inv, operand.xsum
+        assert not swiglu, "a norm's operand is of x, not of silu_and_mul(x)"
+    assert operand.group == c.bk, "a decode operand of another K tile"
     tiles = triton.cdiv(n, c.bn)
     counters = tile_counters(x.device, tiles)
     parts = out if plan.splits == 1 else torch.empty((plan.splits, m, n), dtype=torch.float32,
                                                      device=x.device)
     _decode_kernel[(tiles, plan.splits)](
-        xo, inv, xsum, ops.words, ops.scale, ops.zero, ops.gscale, parts, counters, out, m, n,
-        k, ops.words.stride(0), ops.scale.stride(0), plan.split_len,
+        operand.xo, operand.inv, operand.xsum, ops.words, ops.scale, ops.zero, ops.gscale,
+        parts, counters, out, m, n, k, ops.words.stride(0), ops.scale.stride(0), plan.split_len,
         PREFETCH=prefetches(ops.words, k, plan.split_len),
         **decode_tile_args(ops.layout, c, k, m), **options(x.device))
 
