@@ -22,7 +22,6 @@ from ninfer_runtime.ops.moe import (
     route,
     route_ref,
 )
-from ninfer_runtime.ops.norm import rms_norm_with_operand
 from ninfer_runtime.quant import PackedWeight, get_scheme
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -210,25 +209,6 @@ def test_tensor_core_decode(scheme: str, dots: int, splits: int,
                                    atol=4e-3 * expected.abs().max().item())
         assert not quant_linear.tile_counters(x.device, 1).any()
     assert len(ran) == 4  # two stages, two cases
-
-
-@pytest.mark.parametrize("scheme", ["nvfp4", "int4"])
-def test_a_norm_writes_the_operand_of_the_gate_up_stage(scheme: str) -> None:
-    """The post-attention norm's decode operand (`decode_operand_spec`,
-    ops.norm.rms_norm_with_operand) gives the tensor-core stages what their own activation
-    pass gives, bit for bit; no spec where that stage does not run."""
-    hidden, inter = (768, 64) if scheme == "nvfp4" else (384, 128)
-    x, gate_up, down, weights, ids = experts_case(scheme, 3, hidden, inter, HALF, top_k=2)
-    gamma = torch.randn(hidden, generator=gen(5)).to(DEVICE, HALF) * 0.1
-    spec = moe.decode_operand_spec(x, gate_up, down)
-    assert spec == (quant_linear.operand_group(gate_up), scheme == "int4")
-    _, normed, operand = rms_norm_with_operand(x, None, gamma, 1e-6, *spec)
-    assert torch.equal(moe_experts(normed, gate_up, down, weights, ids, operand),
-                       moe_experts(normed, gate_up, down, weights, ids))
-    plain = stacked("plain", 8, 2 * inter, hidden, seed=1, dtype=HALF)
-    many = x.new_zeros(DECODE_MAX_TOKENS + 1, hidden)
-    for args in ((x.float(), gate_up, down), (x, plain, down), (many, gate_up, down)):
-        assert moe.decode_operand_spec(*args) is None
 
 
 @pytest.mark.parametrize("tokens", [1, 5])

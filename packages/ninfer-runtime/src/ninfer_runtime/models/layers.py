@@ -27,7 +27,6 @@ from ninfer_runtime.ops.attention import paged_attention, store_kv
 from ninfer_runtime.ops.conv import causal_conv1d_varlen
 from ninfer_runtime.ops.gdn import gated_delta_rule_varlen, gdn_decode, gdn_gating
 from ninfer_runtime.ops.linear import Weight, decode_operand_spec, linear, silu_mul_linear
-from ninfer_runtime.ops.moe import decode_operand_spec as moe_operand_spec
 from ninfer_runtime.ops.moe import moe_experts, route
 from ninfer_runtime.ops.norm import (
     add_rms_norm,
@@ -104,24 +103,19 @@ def mlp(x: torch.Tensor, w: MLPWeights, operand: DecodeOperand | None = None) ->
     return silu_mul_linear(linear(x, w.gate_up_proj, operand), w.down_proj)
 
 
-def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig,
-               operand: DecodeOperand | None = None) -> torch.Tensor:
-    """Routed experts (top-k, renormalised) plus the sigmoid-gated shared expert. operand:
-    x's decode operand for the experts' gate|up stage (`residual_norm`)."""
+def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig) -> torch.Tensor:
+    """Routed experts (top-k, renormalised) plus the sigmoid-gated shared expert."""
     weights, ids = route(linear(x, w.router_and_gate), cfg.num_experts_per_tok, shared=True)
-    return moe_experts(x, w.experts_gate_up, w.experts_down, weights, ids, operand)
+    return moe_experts(x, w.experts_gate_up, w.experts_down, weights, ids)
 
 
 def residual_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                  reader: Weight | MoEWeights | None
+                  reader: Weight | None
                   ) -> tuple[torch.Tensor, torch.Tensor, DecodeOperand | None]:
     """The residual add (h None: none) and the norm: (stream, norm, the norm's decode operand
-    for `reader`, the projection or the experts that read it, when they run the decode GEMV:
-    written by the norm kernel, it spares the GEMV its own activation pass)."""
-    if isinstance(reader, MoEWeights):
-        spec = moe_operand_spec(x, reader.experts_gate_up, reader.experts_down)
-    else:
-        spec = decode_operand_spec(x, reader)
+    for `reader`, the projection that reads it, when that runs the decode GEMV: written by
+    the norm kernel, it spares the GEMV its own activation pass)."""
+    spec = decode_operand_spec(x, reader)
     if spec is not None:
         residual, normed, operand = rms_norm_with_operand(x, h, weight, eps, *spec)
         return (x if residual is None else residual), normed, operand
@@ -162,8 +156,8 @@ def decoder_layer(x: torch.Tensor, h: torch.Tensor | None, w: DecoderLayerWeight
         h = gated_delta_net(h, w.mixer, cache, batch, cfg, operand)
     moe = isinstance(w.mlp, MoEWeights)
     x, h, operand = residual_norm(x, h, w.post_attention_layernorm, eps,
-                                  w.mlp if moe else w.mlp.gate_up_proj)
-    h = sparse_moe(h, w.mlp, cfg, operand) if moe else mlp(h, w.mlp, operand)
+                                  None if moe else w.mlp.gate_up_proj)
+    h = sparse_moe(h, w.mlp, cfg) if moe else mlp(h, w.mlp, operand)
     return x, h
 
 

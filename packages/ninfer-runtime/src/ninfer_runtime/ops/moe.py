@@ -20,8 +20,7 @@ Each op has a torch reference (`*_ref`, the oracle and the CPU path) and a Trito
   (`_tensor_core_stage`): a program per (pair, column tile, K split) runs ops.quant_linear's
   decode tile (PTX decoders, ~2.7-4 SASS instructions per weight against ~6 on CUDA cores)
   on its pair's expert, and the K parts and a token's pairs are added in-kernel by the last
-  program to arrive, in a fixed order. The gate|up stage's activation operand can come from
-  the norm that made x (`decode_operand_spec`, models.layers.residual_norm): one launch fewer.
+  program to arrive, in a fixed order.
 - `moe_experts` for prompts: the T*k pairs are sorted by expert into blocks of BLOCK_M rows
   (`align`: every block belongs to one expert; an expert's last block is padded with a
   sentinel), then two grouped GEMMs run over the blocks: gate|up with SiLU-and-mul fused into
@@ -179,32 +178,15 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
 
 
 def moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
-                weights: torch.Tensor, ids: torch.Tensor,
-                operand: quant_linear.DecodeOperand | None = None) -> torch.Tensor:
-    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, H] (see `moe_experts_ref`).
-    operand: x's decode operand for the tensor-core gate|up stage, made with x by the norm
-    that produced it (`decode_operand_spec`)."""
+                weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, H] (see `moe_experts_ref`)."""
     tensors = [x, weights, ids, *_tensors(gate_up), *_tensors(down)]
     if (not use_triton(*tensors) or x.shape[0] == 0 or not _supported(gate_up)
             or not _supported(down)):
         return moe_experts_ref(x, gate_up, down, weights, ids)
     if x.shape[0] <= DECODE_MAX_TOKENS:
-        return _launch_moe_decode(x, gate_up, down, weights, ids, operand)
+        return _launch_moe_decode(x, gate_up, down, weights, ids)
     return _launch_moe_experts(x, gate_up, down, weights, ids)
-
-
-def decode_operand_spec(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight
-                        ) -> tuple[int, bool] | None:
-    """(group, sums) of the decode operand `moe_experts` makes of a y like x [T, H] (a norm's
-    output: same shape, dtype and device) for its tensor-core gate|up stage, for the norm
-    that makes y to write it (ops.norm.rms_norm_with_operand); None where that stage does
-    not run."""
-    if (x.dim() != 2 or not 0 < x.shape[0] <= DECODE_MAX_TOKENS
-            or x.dtype not in _TENSOR_CORE_DTYPES
-            or not isinstance(gate_up, PackedWeight) or not _supported(gate_up)
-            or not _supported(down) or not use_triton(x, *_tensors(gate_up), *_tensors(down))):
-        return None
-    return quant_linear.operand_group(gate_up), _SCHEMES[gate_up.scheme.name] == INT4
 
 
 def _tensors(w: ExpertWeight) -> list[torch.Tensor]:
@@ -360,8 +342,7 @@ def _check_experts(x: torch.Tensor, gu: _Experts, dn: _Experts) -> int:
 
 
 def _launch_moe_decode(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
-                       weights: torch.Tensor, ids: torch.Tensor,
-                       operand: quant_linear.DecodeOperand | None = None) -> torch.Tensor:
+                       weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The GEMV path (module docstring): gate|up + SiLU per pair, then down summed per token;
     packed experts with half activations on tensor cores (`_tensor_core_stage`)."""
     gu, dn = _Experts.of(gate_up, "gate_up"), _Experts.of(down, "down")
@@ -374,7 +355,7 @@ def _launch_moe_decode(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeigh
     hidden = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
     if gu.scheme != PLAIN and x.dtype in _TENSOR_CORE_DTYPES:
-        _tensor_core_stage(x, gu, hidden, ids, weights, swiglu=True, operand=operand)
+        _tensor_core_stage(x, gu, hidden, ids, weights, swiglu=True)
         _tensor_core_stage(hidden, dn, out, ids, weights, swiglu=False)
         return out
     for a, w, dst, programs, swiglu in ((x, gu, hidden, t * top_k, True),
@@ -422,14 +403,12 @@ def _stage_candidates(n: int, k: int, scheme: int, swiglu: bool) -> list[_StageP
 
 
 def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tensor,
-                       weights: torch.Tensor, swiglu: bool,
-                       operand: quant_linear.DecodeOperand | None = None) -> None:
+                       weights: torch.Tensor, swiglu: bool) -> None:
     """One decode stage on tensor cores, a program per (pair, BN output columns, K split),
     with ops.quant_linear's decode tile on the pair's expert: gate|up (swiglu: out [pairs,
     I] = silu(gate) * up) or down (out [T, H] = the token's pairs summed, routing weights
     applied). K splits and a token's pairs are added by the last to arrive (`sum_parts`). The
-    plan (config, splits) is timed per shape on the first call, like the dense decode's.
-    operand: a's decode operand, made by the norm that made a (else the stage's own pass)."""
+    plan (config, splits) is timed per shape on the first call, like the dense decode's."""
     e, rows, k = w.shape
     n = rows // 2 if swiglu else rows
     # tuned per power of two of the token count (the warm-up meets each, engine.warmup)
@@ -438,16 +417,13 @@ def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: tor
     plan = quant_linear.tuned_plan(
         _stage_plans, key, lambda: _stage_candidates(n, k, w.scheme, swiglu),
         lambda c: _run_stage(a, w, out, ids, weights, swiglu, c), a.device)
-    _run_stage(a, w, out, ids, weights, swiglu, plan, operand)
+    _run_stage(a, w, out, ids, weights, swiglu, plan)
 
 
 def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tensor,
-               weights: torch.Tensor, swiglu: bool, plan: _StagePlan,
-               operand: quant_linear.DecodeOperand | None = None) -> None:
+               weights: torch.Tensor, swiglu: bool, plan: _StagePlan) -> None:
     c = plan.config
-    if operand is None:
-        operand = quant_linear.activation_operands(a, c.bk, w.scheme == INT4)
-    assert operand.group == c.bk, "a decode operand of another K tile"
+    operand = quant_linear.activation_operands(a, c.bk, w.scheme == INT4)
     e, rows, k = w.shape
     n = rows // 2 if swiglu else rows
     pairs, top_k = ids.numel(), ids.shape[-1]
