@@ -429,6 +429,21 @@ def test_the_gdn_output_norm_writes_out_projs_operand(scheme: str, rows: int) ->
                                                                1e-6))
 
 
+def test_the_operand_group_sums_are_exact() -> None:
+    """groupwise-int's operand group sums (the zero-point term) are the exact sums of the
+    operand values, rounded once: a fp32 sum's bits depend on its order, which on a GPU
+    follows the tile layout of the kernel that writes the operand (a norm's is not the
+    activation pass's), so that with a norm-written operand the GEMV gave other bits."""
+    k = 640
+    group = quant_linear.operand_group(packed("groupwise-int", 96, k))
+    x = rand(3, k, dtype=HALF) * 4
+    x[:, ::3] *= 1e-3  # magnitudes wide apart: a running fp32 sum rounds
+    op = quant_linear.activation_operands(x, group, True)
+    values = op.xo.double().permute(1, 2, 0).reshape(3, k)  # xo[j, m, w] is input 8w + j
+    exact = values.reshape(3, k // group, group).sum(-1).float().t()
+    assert torch.equal(op.xsum, exact)
+
+
 def test_the_gdn_norm_hands_out_proj_the_operand_of_a_decode_gemv_only() -> None:
     """`models.layers.gated_norm`: the operand where out_proj runs the decode GEMV, none for a
     plain weight, fp32 activations or a prompt's rows; the norm in every case."""

@@ -180,8 +180,15 @@ if triton is not None:
 
     @triton.jit
     def inv_rms(x, D: tl.constexpr, eps):
-        """1 / rms over axis 1 of a fp32 tile whose padding columns hold zeros."""
-        return tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+        """1 / rms over axis 1 of a fp32 tile whose padding columns hold zeros.
+
+        The squares are summed in fp64: the order of a fp32 sum follows the tile's layout,
+        which Triton picks per tile shape and warp count, so that the GDN norm's rows came
+        out in other bits when it also wrote the decode operand (a program per operand
+        group's heads) than without (a GPU-only difference: the interpreter sums in one
+        order). In fp64 the order reaches the fp32 result only at a rounding tie."""
+        xd = x.to(tl.float64)
+        return tl.rsqrt((tl.sum(xd * xd, axis=1) / D).to(tl.float32) + eps)
 
     @triton.jit
     def _stream_rows(x_ptr, h_ptr, rows, cols, n_rows, heads, x_st, x_sh, h_st, h_sh,

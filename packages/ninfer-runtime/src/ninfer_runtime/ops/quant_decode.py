@@ -169,8 +169,10 @@ if triton is not None:
         g_ok = row_ok[:, None] & (group * GROUP < K)[None, :]
         tl.store(inv_ptr + g_off, ((e - 14) << 23).to(tl.float32, bitcast=True), mask=g_ok)
         xo = (xg * m[:, :, None]).to(tl.float16)
-        if HAS_SUM:
-            tl.store(xsum_ptr + g_off, tl.sum(xo.to(tl.float32), axis=2), mask=g_ok)
+        if HAS_SUM:  # exact: the same sum whatever tile layout the caller's kernel has
+            fixed = (xo.to(tl.float32) * 16777216.0).to(tl.int64)  # 2^24: each an integer
+            tl.store(xsum_ptr + g_off, tl.sum(fixed, axis=2).to(tl.float32) * (1.0 / 16777216.0),
+                     mask=g_ok)
         xo = tl.reshape(xo, (R, C))
         dst = ((cols % 8)[None, :] * M + rows[:, None]) * (K // 8) + (cols // 8)[None, :]
         tl.store(xo_ptr + dst, xo, mask=row_ok[:, None] & (cols < K)[None, :])
