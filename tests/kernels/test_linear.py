@@ -16,16 +16,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ninfer_runtime.models.layers import gated_norm, residual_norm
+from ninfer_runtime.models.layers import gated_norm
 from ninfer_runtime.ops import quant_linear
 from ninfer_runtime.ops.activation import silu_and_mul
 from ninfer_runtime.ops.linear import linear, select, silu_mul_linear
 from ninfer_runtime.ops.norm import (
-    add_rms_norm,
     gated_rms_norm,
     gated_rms_norm_with_operand,
-    rms_norm,
-    rms_norm_with_operand,
 )
 from ninfer_runtime.quant import PackedWeight, get_scheme
 
@@ -372,36 +369,6 @@ def test_chosen_decode_plan_is_the_one_the_call_tuned() -> None:
     assert quant_linear.chosen_decode_plan(w, rand(9, 512, dtype=HALF)) is None
 
 
-@pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("rows", [1, 5])
-@pytest.mark.parametrize("scheme", SCHEMES)
-def test_a_norm_writes_the_operand_its_decode_gemv_would_make(scheme: str, rows: int,
-                                                              residual: bool) -> None:
-    """`rms_norm_with_operand`: the norm as `rms_norm` / `add_rms_norm` gives it, its decode
-    operand that of the GEMV's own activation pass bit for bit (K = 640: groups cut by the
-    row's end for nvfp4), and the GEMV's result with it the result without."""
-    d, n = 640, 96
-    w = packed(scheme, n, d)
-    x = rand(rows, d, dtype=torch.float16) * 4
-    h = rand(rows, d, dtype=torch.float16, seed=2) if residual else None
-    gamma = rand(d, dtype=torch.float16, seed=3) * 0.1
-    group, sums = quant_linear.operand_group(w), quant_linear.needs_group_sums(w)
-    res, out, operand = rms_norm_with_operand(x, h, gamma, 1e-6, group, sums)
-    if residual:
-        expect_res, expect = add_rms_norm(x, h, gamma, 1e-6)
-        assert torch.equal(res, expect_res)
-    else:
-        expect = rms_norm(x, gamma, 1e-6)
-        assert res is None
-    assert torch.equal(out, expect)
-    expect = quant_linear.activation_operands(out, group, sums)
-    assert operand.group == group
-    assert torch.equal(operand.xo, expect.xo) and torch.equal(operand.inv, expect.inv)
-    assert not sums or torch.equal(operand.xsum, expect.xsum)
-    assert torch.equal(quant_linear.packed_linear(out, w, operand=operand),
-                       quant_linear.packed_linear(out, w))
-
-
 @pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_the_gdn_output_norm_writes_out_projs_operand(scheme: str, rows: int) -> None:
@@ -460,27 +427,3 @@ def test_the_gdn_norm_hands_out_proj_the_operand_of_a_decode_gemv_only() -> None
                  (many, many, gamma, w)):
         out, operand = gated_norm(*args[:3], 1e-6, args[3])
         assert operand is None and torch.equal(out, gated_rms_norm(*args[:3], 1e-6))
-
-
-def test_a_layer_norm_hands_the_operand_to_a_decode_gemv_only() -> None:
-    """`models.layers.residual_norm` gives the stream and norm that `add_rms_norm` / `rms_norm`
-    give, and the reader's decode operand exactly where `linear` runs the decode GEMV (which
-    then gives what it gives without it)."""
-    d = 640
-    w = packed("nvfp4", 96, d)
-    gamma = rand(d, dtype=torch.float16, seed=3) * 0.1
-    x = rand(2, d, dtype=torch.float16) * 4
-    h = rand(2, d, dtype=torch.float16, seed=2)
-    stream, normed, operand = residual_norm(x, h, gamma, 1e-6, w)
-    expect_stream, expect = add_rms_norm(x, h, gamma, 1e-6)
-    assert torch.equal(stream, expect_stream) and torch.equal(normed, expect)
-    assert operand is not None
-    assert torch.equal(linear(normed, w, operand), linear(normed, w))
-    first, normed, operand = residual_norm(x, None, gamma, 1e-6, w)  # the first layer: no add
-    assert first is x and torch.equal(normed, rms_norm(x, gamma, 1e-6)) and operand is not None
-    # no decode GEMV reads it: no reader, a plain weight, fp32 activations, a prompt's rows
-    plain = rand(96, d, dtype=torch.float16)
-    many = rand(quant_linear.SKINNY_MAX_M + 1, d, dtype=torch.float16)
-    for args in ((x, h, gamma, None), (x, h, gamma, plain),
-                 (x.float(), h.float(), gamma.float(), w), (many, many, gamma, w)):
-        assert residual_norm(*args[:3], 1e-6, args[3])[2] is None

@@ -33,7 +33,6 @@ from ninfer_runtime.ops.norm import (
     gated_rms_norm,
     gated_rms_norm_with_operand,
     rms_norm,
-    rms_norm_with_operand,
 )
 from ninfer_runtime.ops.quant_linear import DecodeOperand
 from ninfer_runtime.ops.rope import qk_norm_rope, rope_cos_sin
@@ -42,12 +41,10 @@ Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [N, rotary_dim]
 
 
 def gated_attention(x: torch.Tensor, w: AttentionWeights, kv: PagedKV, batch: StepBatch,
-                    rope: Rope, cfg: ModelConfig, operand: DecodeOperand | None = None
-                    ) -> torch.Tensor:
-    """Full attention with q/k RMSNorm, partial RoPE and a sigmoid output gate: [N, H].
-    operand: x's decode operand for qkv_proj (`residual_norm`)."""
+                    rope: Rope, cfg: ModelConfig) -> torch.Tensor:
+    """Full attention with q/k RMSNorm, partial RoPE and a sigmoid output gate: [N, H]."""
     n, nq, nkv, hd = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q_gate, k, v = linear(x, w.qkv_proj, operand).split([2 * nq * hd, nkv * hd, nkv * hd], dim=-1)
+    q_gate, k, v = linear(x, w.qkv_proj).split([2 * nq * hd, nkv * hd, nkv * hd], dim=-1)
     q, gate = q_gate.reshape(n, nq, 2 * hd).chunk(2, dim=-1)  # per head: [q | gate]
     q, k = qk_norm_rope(q, k.reshape(n, nkv, hd), w.q_norm, w.k_norm, *rope, cfg.rms_norm_eps)
     store_kv(k, v.reshape(n, nkv, hd), kv.k, kv.v, kv.k_scale, kv.v_scale, batch.slot_mapping)
@@ -57,15 +54,13 @@ def gated_attention(x: torch.Tensor, w: AttentionWeights, kv: PagedKV, batch: St
 
 
 def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: StepBatch,
-                    cfg: ModelConfig, operand: DecodeOperand | None = None) -> torch.Tensor:
+                    cfg: ModelConfig) -> torch.Tensor:
     """The GDN token mixer: [N, H]. The step's leading `recurrent_tokens` rows (decode tokens,
     speculative verify segments) take the fused recurrent path, the rest (prompt chunks) the
     chunked path; both continue from and replace the slots' state (or, for verify segments,
-    leave the state after each token in its snapshot slot). operand: x's decode operand for
-    in_proj_qkvz (`residual_norm`)."""
+    leave the state after each token in its snapshot slot)."""
     n, nv, dv = x.shape[0], cfg.linear_num_value_heads, cfg.linear_value_head_dim
-    mixed, z = linear(x, w.in_proj_qkvz, operand).split([cfg.conv_dim, cfg.linear_value_dim],
-                                                        dim=-1)
+    mixed, z = linear(x, w.in_proj_qkvz).split([cfg.conv_dim, cfg.linear_value_dim], dim=-1)
     b, a = linear(x, w.in_proj_ba).chunk(2, dim=-1)
     r, seqs = batch.recurrent_tokens, batch.recurrent_seqs
     parts = []
@@ -97,10 +92,9 @@ def _chunked_gdn(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, w: GDNWe
                                    g, beta, state.recurrent, cu_seqlens, slots)
 
 
-def mlp(x: torch.Tensor, w: MLPWeights, operand: DecodeOperand | None = None) -> torch.Tensor:
-    """SwiGLU MLP: down(silu(gate(x)) * up(x)). operand: x's decode operand for gate_up_proj
-    (`residual_norm`)."""
-    return silu_mul_linear(linear(x, w.gate_up_proj, operand), w.down_proj)
+def mlp(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
+    """SwiGLU MLP: down(silu(gate(x)) * up(x))."""
+    return silu_mul_linear(linear(x, w.gate_up_proj), w.down_proj)
 
 
 def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig) -> torch.Tensor:
@@ -109,27 +103,12 @@ def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig) -> torch.Tensor
     return moe_experts(x, w.experts_gate_up, w.experts_down, weights, ids)
 
 
-def residual_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                  reader: Weight | None
-                  ) -> tuple[torch.Tensor, torch.Tensor, DecodeOperand | None]:
-    """The residual add (h None: none) and the norm: (stream, norm, the norm's decode operand
-    for `reader`, the projection that reads it, when that runs the decode GEMV: written by
-    the norm kernel, it spares the GEMV its own activation pass)."""
-    spec = decode_operand_spec(x, reader)
-    if spec is not None:
-        residual, normed, operand = rms_norm_with_operand(x, h, weight, eps, *spec)
-        return (x if residual is None else residual), normed, operand
-    if h is None:
-        return x, rms_norm(x, weight, eps), None
-    x, normed = add_rms_norm(x, h, weight, eps)
-    return x, normed, None
-
-
 def gated_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
                reader: Weight) -> tuple[torch.Tensor, DecodeOperand | None]:
     """The GDN output norm of x, z [T, heads, D], and its decode operand for `reader` (the
     out_proj that reads it as [T, heads * D]) where that runs the decode GEMV and the heads
-    tile the operand's groups (as `residual_norm`)."""
+    tile the operand's groups: written by the norm kernel, it spares the GEMV its own
+    activation pass."""
     spec = decode_operand_spec(x.flatten(1), reader)
     if spec is None:
         return gated_rms_norm(x, z, weight, eps), None
@@ -145,19 +124,18 @@ def decoder_layer(x: torch.Tensor, h: torch.Tensor | None, w: DecoderLayerWeight
     input norm adds it in the same pass (add_rms_norm); the sum is the one `x = x + h` makes.
     """
     eps = cfg.rms_norm_eps
-    attention = isinstance(w.mixer, AttentionWeights)
-    x, h, operand = residual_norm(x, h, w.input_layernorm, eps,
-                                  w.mixer.qkv_proj if attention else w.mixer.in_proj_qkvz)
-    if attention:
+    if h is None:
+        h = rms_norm(x, w.input_layernorm, eps)
+    else:
+        x, h = add_rms_norm(x, h, w.input_layernorm, eps)
+    if isinstance(w.mixer, AttentionWeights):
         assert isinstance(cache, PagedKV), "a full-attention layer needs a PagedKV cache"
-        h = gated_attention(h, w.mixer, cache, batch, rope, cfg, operand)
+        h = gated_attention(h, w.mixer, cache, batch, rope, cfg)
     else:
         assert isinstance(cache, GDNSlots), "a GDN layer needs a GDNSlots cache"
-        h = gated_delta_net(h, w.mixer, cache, batch, cfg, operand)
-    moe = isinstance(w.mlp, MoEWeights)
-    x, h, operand = residual_norm(x, h, w.post_attention_layernorm, eps,
-                                  None if moe else w.mlp.gate_up_proj)
-    h = sparse_moe(h, w.mlp, cfg) if moe else mlp(h, w.mlp, operand)
+        h = gated_delta_net(h, w.mixer, cache, batch, cfg)
+    x, h = add_rms_norm(x, h, w.post_attention_layernorm, eps)
+    h = sparse_moe(h, w.mlp, cfg) if isinstance(w.mlp, MoEWeights) else mlp(h, w.mlp)
     return x, h
 
 

@@ -49,10 +49,11 @@ def linear(x: torch.Tensor, w: Weight,
     return out.view(*x.shape[:-1], w.shape[0])
 
 
-def decode_operand_spec(x: torch.Tensor, w: Weight | None) -> tuple[int, bool] | None:
+def decode_operand_spec(x: torch.Tensor, w: Weight) -> tuple[int, bool] | None:
     """(group, sums) of the decode operand `linear(y, w)` would make of a y like x [M, K]
     (norm output: same shape, dtype and device), for the norm that makes y to write it
-    (ops.norm.rms_norm_with_operand); None where linear would not run the decode GEMV."""
+    (ops.norm.gated_rms_norm_with_operand); None where linear would not run the decode
+    GEMV."""
     if x.dim() != 2 or not quant_linear.decodes(x) or not _packed_kernels(x, w):
         return None
     return quant_linear.operand_group(w), quant_linear.needs_group_sums(w)

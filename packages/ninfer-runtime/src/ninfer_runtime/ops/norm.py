@@ -11,14 +11,13 @@ A kernel program normalises a tile of rows [BLOCK_R, BLOCK_D]: one long row at H
 of rows) still spreads over several programs. Rows are addressed as (token, head) with separate
 strides, so head views cut out of a fused projection output are read in place, not copied.
 
-A decode step's norm whose output a packed projection reads through the decode GEMV also
-writes that GEMV's activation operand (`rms_norm_with_operand`, `gated_rms_norm_with_operand`;
-models.layers.residual_norm and gated_norm): the bits the GEMV's own activation pass would
-make, one launch fewer for each of them (~1.1 us a call on the H200, docs/perf.md, tenth
-run). The RMSNorm spreads a row over a program per operand group, as that pass does, each
-reading the row whole for its rms: written by one program a row, the operand made the 27B's
-norm 2.1 us a call slower (eleventh run). The GDN norm's heads are rows already: a program
-takes the heads of one group.
+The GDN output norm of a decode step also writes the activation operand of the out_proj
+GEMV that reads it (`gated_rms_norm_with_operand`, models.layers.gated_norm): the bits the
+GEMV's own activation pass would make, one launch fewer a GDN layer (the twelfth run, docs/
+perf.md: 48 a 27B step, +2.1 tok/s). The input and post-attention RMSNorms wrote their
+projections' operands too until that run timed them: they cost the 27B 2.3 tok/s, the
+operand's group maxima and scattered stores serial inside a norm where the GEMV's own pass
+spreads them over programs.
 """
 
 from __future__ import annotations
@@ -91,24 +90,8 @@ def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: fl
         return add_rms_norm_ref(x, h, weight, eps, unit_offset=unit_offset)
     if x.shape != h.shape:
         raise ValueError(f"add_rms_norm: x {tuple(x.shape)} and h {tuple(h.shape)} differ")
-    residual, out, _ = _launch_rms_norm(_rows(x), _rows(h), weight, eps, unit_offset)
+    residual, out = _launch_rms_norm(_rows(x), _rows(h), weight, eps, unit_offset)
     return residual.view(x.shape), out.view(x.shape)
-
-
-def rms_norm_with_operand(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor,
-                          eps: float, group: int, sums: bool
-                          ) -> tuple[torch.Tensor | None, torch.Tensor, DecodeOperand]:
-    """`add_rms_norm` (h None: `rms_norm`) over x [M, D] that also writes its output's operand
-    for the decode GEMV that reads it (quant_linear.DecodeOperand: scaled in groups of `group`
-    inputs, with the groups' sums if `sums`), the bits that GEMV's own activation pass would
-    make: one launch fewer a projection. Returns (x + h or None, the norm, the operand).
-    Triton only: a decode step's few rows on the GPU."""
-    if x.dim() != 2 or (h is not None and h.shape != x.shape):
-        raise ValueError(f"rms_norm_with_operand: x {tuple(x.shape)}, h "
-                         f"{None if h is None else tuple(h.shape)}")
-    residual, out, operand = _launch_rms_norm(_rows(x), None if h is None else _rows(h), weight,
-                                              eps, True, (group, sums))
-    return (None if residual is None else residual.view(x.shape)), out.view(x.shape), operand
 
 
 def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
@@ -126,10 +109,11 @@ def gated_rms_norm_with_operand(x: torch.Tensor, z: torch.Tensor, weight: torch.
                                 eps: float, group: int, sums: bool
                                 ) -> tuple[torch.Tensor, DecodeOperand | None]:
     """`gated_rms_norm` over x, z [T, heads, D] that also writes the decode operand of its
-    output read as [T, heads * D] (the GDN out_proj's input; `rms_norm_with_operand` says
-    what the operand is), where a program's heads make whole operand groups: D a power of
-    two and heads a multiple of group / D. Elsewhere the operand is None (the GEMV makes
-    its own). Triton only: a decode step's few rows on the GPU."""
+    output read as [T, heads * D] (the GDN out_proj's input; quant_linear.DecodeOperand:
+    scaled in groups of `group` inputs, with the groups' sums if `sums`), the bits that
+    GEMV's own activation pass would make, where a program's heads make whole operand
+    groups: D a power of two and heads a multiple of group / D. Elsewhere the operand is
+    None (the GEMV makes its own). Triton only: a decode step's few rows on the GPU."""
     if x.dim() != 3 or z.shape != x.shape:
         raise ValueError(f"gated_rms_norm_with_operand: x {tuple(x.shape)}, z {tuple(z.shape)}")
     heads, d = x.shape[1], x.shape[2]
@@ -190,57 +174,31 @@ if triton is not None:
         xd = x.to(tl.float64)
         return tl.rsqrt((tl.sum(xd * xd, axis=1) / D).to(tl.float32) + eps)
 
-    @triton.jit
-    def _stream_rows(x_ptr, h_ptr, rows, cols, n_rows, heads, x_st, x_sh, h_st, h_sh,
-                     D: tl.constexpr, HAS_RESIDUAL: tl.constexpr, dtype: tl.constexpr):
-        """Columns `cols` of the normed rows as fp32: x, or x + h rounded to the stream's
-        dtype (what the residual stream stores)."""
+    # n_rows changes from step to step and only bounds the rows: no variant per value class
+    # (== 1, divisible by 16, other), so the start-up compiles one where it compiled three
+    @triton.jit(do_not_specialize=["n_rows"])
+    def _rms_norm_kernel(x_ptr, h_ptr, res_ptr, w_ptr, out_ptr, n_rows, heads,
+                         x_st, x_sh, h_st, h_sh, eps, D: tl.constexpr,
+                         HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, GDC: tl.constexpr):
+        wait_for_inputs(GDC)
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = tl.arange(0, BLOCK_D)
         mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
+        dst = rows.to(tl.int64)[:, None] * D + cols[None, :]
         x = tl.load(x_ptr + row_offsets(rows, heads, x_st, x_sh)[:, None] + cols[None, :],
                     mask=mask, other=0.0).to(tl.float32)
         if HAS_RESIDUAL:
             h = tl.load(h_ptr + row_offsets(rows, heads, h_st, h_sh)[:, None] + cols[None, :],
                         mask=mask, other=0.0)
-            x = (x + h.to(tl.float32)).to(dtype).to(tl.float32)
-        return x
-
-    # n_rows changes from step to step and only bounds the rows: no variant per value class
-    # (== 1, divisible by 16, other), so the start-up compiles one where it compiled three
-    @triton.jit(do_not_specialize=["n_rows"])
-    def _rms_norm_kernel(x_ptr, h_ptr, res_ptr, w_ptr, out_ptr, xo_ptr, inv_ptr, xsum_ptr,
-                         n_rows, heads, x_st, x_sh, h_st, h_sh, eps, D: tl.constexpr,
-                         HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
-                         OPERAND: tl.constexpr, OPERAND_SUMS: tl.constexpr,
-                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
-                         GDC: tl.constexpr):
-        """Rows tile program 0, columns [program 1 * CHUNK, + CHUNK) (CHUNK < BLOCK_D: the
-        program reads its rows whole for their rms and writes that chunk only). OPERAND (a
-        group size, 0 for none): the output's decode operand too (`rms_norm_with_operand`;
-        rows are tokens, heads 1)."""
-        wait_for_inputs(GDC)
-        dtype = res_ptr.dtype.element_ty
-        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        cols = tl.arange(0, BLOCK_D)
-        x = _stream_rows(x_ptr, h_ptr, rows, cols, n_rows, heads, x_st, x_sh, h_st, h_sh, D,
-                         HAS_RESIDUAL, dtype)
-        inv = inv_rms(x, D, eps)[:, None]
-        col0 = tl.program_id(1) * CHUNK
-        if CHUNK < BLOCK_D:
-            cols = col0 + tl.arange(0, CHUNK)
-            x = _stream_rows(x_ptr, h_ptr, rows, cols, n_rows, heads, x_st, x_sh, h_st, h_sh,
-                             D, HAS_RESIDUAL, dtype)
-        mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
-        dst = rows.to(tl.int64)[:, None] * D + cols[None, :]
-        if HAS_RESIDUAL:
+            x = (x + h.to(tl.float32)).to(res_ptr.dtype.element_ty)  # the stream's dtype
             tl.store(res_ptr + dst, x, mask=mask)
+            x = x.to(tl.float32)
         w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
         if UNIT_OFFSET:
             w = 1.0 + w
-        y = (x * inv * w[None, :]).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + dst, y, mask=mask)
-        if OPERAND:  # from the stored values, as the GEMV's activation pass would read them
-            store_operand(y.to(tl.float32), rows, rows < n_rows, col0, n_rows, D, xo_ptr,
-                          inv_ptr, xsum_ptr, OPERAND, OPERAND_SUMS)
+        y = x * inv_rms(x, D, eps)[:, None] * w[None, :]
+        tl.store(out_ptr + dst, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit(do_not_specialize=["n_rows"])  # as _rms_norm_kernel
     def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, xo_ptr, inv_ptr, xsum_ptr, n_rows,
@@ -278,10 +236,8 @@ if triton is not None:
 
 
 def _launch_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float, unit_offset: bool, operand: tuple[int, bool] | None = None
-                     ) -> tuple[torch.Tensor | None, torch.Tensor, DecodeOperand | None]:
-    """x, h [T, heads, D] views -> (x + h or None, normed, with `operand` = (group, sums) the
-    normed rows' decode operand (heads 1)), the tensors contiguous [T, heads, D]."""
+                     eps: float, unit_offset: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """x, h [T, heads, D] views -> (x + h or None, normed), both contiguous [T, heads, D]."""
     check_rows("rms_norm x", x)
     t, heads, d = x.shape
     assert weight.shape == (d,) and weight.is_contiguous(), f"rms_norm weight {weight.shape}"
@@ -292,25 +248,16 @@ def _launch_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tens
         residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     n_rows = t * heads
-    group, sums = operand or (0, False)
-    decode = None
-    if operand is not None:
-        assert heads == 1 and d % 8 == 0, f"a decode operand of {tuple(x.shape)} rows"
-        decode = DecodeOperand.empty(n_rows, d, group, sums, x.device)
     if n_rows == 0:
-        return residual, out, decode
+        return residual, out
     block_r, block_d, num_warps = row_tile(n_rows, d)
-    block_d = max(block_d, group)  # whole operand groups (powers of two)
-    # with the operand, a program a group, as the GEMV's activation pass spreads it
-    chunk = group or block_d
     h_strides = (h.stride(0), h.stride(1)) if h is not None else (0, 0)
-    _rms_norm_kernel[(triton.cdiv(n_rows, block_r), triton.cdiv(d, chunk))](
+    _rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
         x, h if h is not None else x, residual if residual is not None else out, weight, out,
-        *((decode.xo, decode.inv, decode.xsum) if decode else (out, out, out)), n_rows, heads,
-        x.stride(0), x.stride(1), *h_strides, eps, D=d, HAS_RESIDUAL=h is not None,
-        UNIT_OFFSET=unit_offset, OPERAND=group, OPERAND_SUMS=sums, BLOCK_R=block_r,
-        BLOCK_D=block_d, CHUNK=chunk, num_warps=num_warps, **options(x.device))
-    return residual, out, decode
+        n_rows, heads, x.stride(0), x.stride(1), *h_strides, eps, D=d,
+        HAS_RESIDUAL=h is not None, UNIT_OFFSET=unit_offset, BLOCK_R=block_r, BLOCK_D=block_d,
+        num_warps=num_warps, **options(x.device))
+    return residual, out
 
 
 def _launch_gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,

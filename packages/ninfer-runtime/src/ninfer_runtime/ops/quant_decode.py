@@ -32,9 +32,10 @@ Byte tricks (PTX `prmt.b32 d, a, b, sel`: output byte i is byte sel[4i+2:4i] of 
 - groupwise-int: code q OR-ed into the mantissa of 1024.0 (0x6400) is exactly 1024 + q. The
   zero point and scale are applied after the dot, once per 128-code group and output:
   sum((q - z) * s * x) = s * (sum((1024 + q) * x) - (1024 + z) * sum(x)).
-- activations (`activation_kernel`, once per call, or the RMSNorm that produced them,
-  ops.norm.rms_norm_with_operand; both through `store_operand`): each group of a row (one
-  decode K tile: 256 inputs for nvfp4, 128 for groupwise-int) is scaled by a power of two
+- activations (`activation_kernel`, once per call, or the GDN output norm that produced
+  them, ops.norm.gated_rms_norm_with_operand; both through `store_operand`): each group of
+  a row (one decode K tile: 256 inputs for nvfp4, 128 for groupwise-int) is scaled by a
+  power of two
   that puts its largest |x| in [2^14, 2^15) and rounded once to fp16, whatever the magnitude
   (bf16 spans far more binades than fp16): exact for every bf16 value within 2^-28 of the
   group's largest, which is normal in fp16 then; smaller ones lose bits as fp16 subnormals,

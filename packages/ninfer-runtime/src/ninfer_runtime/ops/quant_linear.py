@@ -24,7 +24,7 @@ Kernels:
   first scaled to fp16 and laid out by code position, once per call
   (`quant_decode.activation_kernel`: xo[j, m, w] = x[m, 8w + j] times a power of two per K
   tile, undone after the tile's dot; for a down projection it applies the MLP's SiLU too,
-  `linear.silu_mul_linear`; after an RMSNorm the norm's kernel writes it instead,
+  `linear.silu_mul_linear`; after the GDN output norm that norm's kernel writes it,
   `DecodeOperand`), so the K loop only streams weights, decodes them and multiplies. A
   program owns BN output rows and one split of K; every M runs on tensor cores, rows padded
   to 8 or 16 (`decode_rows`; a GEMV is bound by decoding, not by the MMA). Per
