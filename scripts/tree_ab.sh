@@ -11,7 +11,8 @@
 # runs `ninfer-bench engine` at C = 1, CTX context, without the breakdown, for each tree in
 # turn. Every tree shares one NINFER_HOME, so the first tree's tuner picks the decode plans
 # and the others reuse them (where their candidate lists are the same): what differs is the
-# code. Each tree's decode row goes to $OUT/stages.txt, its report to $OUT/NAME/.
+# code. Each tree's decode row goes to $OUT/stages.txt, its report to $OUT/NAME/, the tuned
+# plans to $OUT/tuning/.
 set -uo pipefail
 cmd=${1:-}; shift || true
 case $cmd in
@@ -40,3 +41,5 @@ for name in "$@"; do
   echo "$name rc=$? $((SECONDS - s))s (${SECONDS}s in all)" | tee -a "$out/stages.txt"
   grep -h "^| decode" "$out/$name"/*.md 2>/dev/null | tee -a "$out/stages.txt"
 done
+# the plans each candidate list's tuner chose (key -> index into decode_candidates)
+cp -r "$NINFER_HOME/tuning" "$out/" 2>/dev/null
