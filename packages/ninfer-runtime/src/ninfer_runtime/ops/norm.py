@@ -4,7 +4,8 @@ gated norm and, with `unit_offset=False`, in the Qwen3-style DFlash draft.
 Each op has a torch reference (`*_ref`: the oracle, and what runs on CPU) and a Triton kernel;
 the public function picks one per call (ops.dispatch). The kernels do what the references do,
 rounding included: fp32 math, each intermediate the reference rounds to x.dtype rounded at the
-same point, so the two differ only by fp32 reduction order.
+same point, so the two differ only in how the squares are summed (the kernels: in fp64,
+`inv_rms`).
 
 A kernel program normalises a tile of rows [BLOCK_R, BLOCK_D]: one long row at H = 5120, many
 128-wide head rows in the GDN norm, so that every program moves a few KB and decode (a handful
