@@ -90,8 +90,7 @@ def main_loop(dump: str) -> Loop:
     return Loop(len(best), ops)
 
 
-def compile_variant(fn, signature: dict[str, str], constexprs: dict, warps: int, stages: int,
-                    maxnreg: int | None = None):
+def compile_variant(fn, signature: dict[str, str], constexprs: dict, warps: int, stages: int):
     for name in constexprs:
         signature[name] = "constexpr"
     # what Triton's launcher specializes for real shapes: 16-byte aligned pointers, strides,
@@ -101,10 +100,7 @@ def compile_variant(fn, signature: dict[str, str], constexprs: dict, warps: int,
                       or name in ("N", "K", "split_len", "m_bucket"))]
     attrs = {(i,): [["tt.divisibility", 16]] for i in divisible}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    options = {"num_warps": warps, "num_stages": stages}
-    if maxnreg is not None:
-        options["maxnreg"] = maxnreg
-    return triton.compile(src, target=TARGET, options=options)
+    return triton.compile(src, target=TARGET, options={"num_warps": warps, "num_stages": stages})
 
 
 def programs_per_sm(regs: int, smem: int, warps: int) -> int:
@@ -150,10 +146,8 @@ def decode_variants(asm: bool, tmp: Path) -> None:
             cst = {"SCHEME": sid, "WPS": wps, "BM": ql.decode_rows(ROWS), "ASM": asm,
                    "EVEN_K": True, "BN": bn, "BK": bk, "DOTS": cfg.dots, "PREFETCH": PREFETCH,
                    "GDC": True}
-            k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages, cfg.maxnreg)
+            k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages)
             label = f"decode {scheme} BN={bn} BK={bk} w={cfg.warps} s={cfg.stages} d={cfg.dots}"
-            if cfg.maxnreg:
-                label += f" r={cfg.maxnreg}"
             report(label, k, bn * bk // (32 * cfg.warps), tmp)
 
 

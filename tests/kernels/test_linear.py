@@ -333,16 +333,6 @@ def test_every_tuned_decode_config(scheme: str) -> None:
                 check(out, x, w)
 
 
-def test_a_register_cap_reaches_the_launch() -> None:
-    """The nvfp4 configs capped at 128 registers (4 programs an SM on the H200) pass the cap
-    as the launch's maxnreg; the others leave ptxas its own count."""
-    layout = quant_linear.LAYOUTS["nvfp4"]
-    caps = {c: quant_linear.decode_tile_args(layout, c, 512, 1)["maxnreg"]
-            for c in quant_linear.DECODE_CONFIGS[layout.scheme]}
-    assert sorted(cap for cap in caps.values() if cap) == [128, 128]
-    assert all(cap is None for c, cap in caps.items() if c.maxnreg is None)
-
-
 @pytest.mark.parametrize("dots", [1, 2, 4, 8])
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_decode_dots(scheme: str, dots: int) -> None:

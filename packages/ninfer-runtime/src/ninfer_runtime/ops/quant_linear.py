@@ -316,7 +316,6 @@ class DecodeConfig:
     warps: int
     stages: int
     dots: int = 8  # tensor-core dots per K tile (each over 8 / dots code positions)
-    maxnreg: int | None = None  # registers a thread may use (ptxas): more programs an SM
 
 
 @dataclass(frozen=True)
@@ -347,15 +346,11 @@ class DecodePlan:
 # faster, without its decode it streams at 85% of bandwidth; BN 128 with 8 dots at 2-3
 # stages was the fastest on every 27B shape, 4 stages 1.5-3 us slower a call, BK 128 twice
 # as slow. BK is a multiple of 128 (one groupwise-int group) and >= 128 (tl.dot needs
-# BK/8 >= 16). Capped at 128 registers (maxnreg), BN 128 with 8 dots holds 4 programs an SM
-# instead of 3 (3 stages; 2 at 2 stages) for a few spills to L1 (Triton 3.6 SASS: 3 stages
-# 3.35 a weight, 16 spill instructions a loop iteration; 2 stages 3.21, 5), the latency the
-# ncu run found the bound hidden over a third more warps; a cap of 112 or 96 spills 3-10x
-# as much. The tuner times them all on the GPU; the interpreter runs one.
+# BK/8 >= 16). The tuner times them all on the GPU; the interpreter runs one.
 DECODE_CONFIGS = {
-    _NVFP4_ID: [DecodeConfig(*c) for c in (
+    _NVFP4_ID: [DecodeConfig(bn, bk, w, s, d) for bn, bk, w, s, d in (
         (128, 256, 4, 3, 8), (128, 256, 4, 2, 8), (128, 256, 4, 3, 2), (64, 256, 4, 4, 4),
-        (64, 256, 4, 4, 8), (128, 256, 4, 2, 8, 128), (128, 256, 4, 3, 8, 128))],
+        (64, 256, 4, 4, 8))],
     _INT_ID: [DecodeConfig(bn, _GROUP_BK, w, s, d) for bn, w, s, d in (
         (128, 4, 4, 2), (128, 4, 3, 2), (64, 4, 4, 2), (64, 4, 3, 2))],
 }
@@ -504,7 +499,7 @@ def decode_tile_args(layout: _Layout, config: DecodeConfig, k: int, m: int) -> d
     return dict(SCHEME=layout.scheme, WPS=layout.words_per_scale, BM=decode_rows(m),
                 ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % config.bk == 0, BN=config.bn,
                 BK=config.bk, DOTS=config.dots, num_warps=config.warps,
-                num_stages=config.stages, maxnreg=config.maxnreg)
+                num_stages=config.stages)
 
 
 _MAX_TILES = 1 << 16  # row tiles a decode call may have (N <= 4M at BN = 64)
