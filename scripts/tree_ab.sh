@@ -27,7 +27,6 @@ esac
 source scripts/device_env.sh
 artifact=/tmp/artifacts/${PROFILE:=qwen3_6_27b}_${WEIGHTS:=nvfp4}.ninfer
 export NINFER_HOME=/tmp/ninfer-ab
-start=$SECONDS
 mkdir -p /tmp/artifacts
 [ -f "$artifact" ] || timeout 420 python3 -m ninfer_convert.cli build "$PROFILE" --random-init \
   --weights "$WEIGHTS" --no-vision --device cuda -o "$artifact" > "$out/build.log" 2>&1

@@ -20,10 +20,7 @@ from ninfer_runtime.models.layers import gated_norm
 from ninfer_runtime.ops import quant_linear
 from ninfer_runtime.ops.activation import silu_and_mul
 from ninfer_runtime.ops.linear import linear, select, silu_mul_linear
-from ninfer_runtime.ops.norm import (
-    gated_rms_norm,
-    gated_rms_norm_with_operand,
-)
+from ninfer_runtime.ops.norm import gated_rms_norm, gated_rms_norm_with_operand
 from ninfer_runtime.quant import PackedWeight, get_scheme
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -70,8 +70,6 @@ ALIGN_SPAN = 512
 # Up to this many tokens moe_experts takes the GEMV path: a pair's expert is read by its own
 # programs (L2 absorbs repeats of an expert within the step); above it, sorting by expert pays.
 DECODE_MAX_TOKENS = 16
-# activations that the decode stages of packed experts take on tensor cores
-_TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
 
 
 # ---- references ----
@@ -354,7 +352,7 @@ def _launch_moe_decode(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeigh
     weights = weights.float().contiguous()
     hidden = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
-    if gu.scheme != PLAIN and x.dtype in _TENSOR_CORE_DTYPES:
+    if gu.scheme != PLAIN and x.dtype in (torch.float16, torch.bfloat16):
         _tensor_core_stage(x, gu, hidden, ids, weights, swiglu=True)
         _tensor_core_stage(hidden, dn, out, ids, weights, swiglu=False)
         return out

@@ -119,8 +119,7 @@ def gated_rms_norm_with_operand(x: torch.Tensor, z: torch.Tensor, weight: torch.
         raise ValueError(f"gated_rms_norm_with_operand: x {tuple(x.shape)}, z {tuple(z.shape)}")
     heads, d = x.shape[1], x.shape[2]
     fits = (d & (d - 1)) == 0 and heads % max(1, group // d) == 0
-    out, operand = _launch_gated_rms_norm(x, z, weight, eps, (group, sums) if fits else None)
-    return out, operand
+    return _launch_gated_rms_norm(x, z, weight, eps, (group, sums) if fits else None)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

@@ -35,12 +35,11 @@ Byte tricks (PTX `prmt.b32 d, a, b, sel`: output byte i is byte sel[4i+2:4i] of 
 - activations (`activation_kernel`, once per call, or the GDN output norm that produced
   them, ops.norm.gated_rms_norm_with_operand; both through `store_operand`): each group of
   a row (one decode K tile: 256 inputs for nvfp4, 128 for groupwise-int) is scaled by a
-  power of two
-  that puts its largest |x| in [2^14, 2^15) and rounded once to fp16, whatever the magnitude
-  (bf16 spans far more binades than fp16): exact for every bf16 value within 2^-28 of the
-  group's largest, which is normal in fp16 then; smaller ones lose bits as fp16 subnormals,
-  far below what the fp32 sum of the row can resolve. Each tile's dot result is scaled back
-  by its group's factor.
+  power of two that puts its largest |x| in [2^14, 2^15) and rounded once to fp16, whatever
+  the magnitude (bf16 spans far more binades than fp16): exact for every bf16 value within
+  2^-28 of the group's largest, which is normal in fp16 then; smaller ones lose bits as fp16
+  subnormals, far below what the fp32 sum of the row can resolve. Each tile's dot result is
+  scaled back by its group's factor.
 """
 
 from __future__ import annotations
