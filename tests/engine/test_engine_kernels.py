@@ -91,19 +91,22 @@ def test_dependent_launches_give_the_tokens_of_plain_launches(
     assert tokens["1"] == tokens["0"]
 
 
-# the GDN norm's 4 heads of 32 make a groupwise-int operand group (128), not an nvfp4 one
-# (256). Dense models only: the tiny MoE's bf16 router logits tie exactly for a decode token
-# (margins: docs/perf.md, twelfth run), and which expert a tie picks is the kernel's choice
-@pytest.mark.parametrize(("kind", "weights", "gdn_operand"),
-                         [("dense", "nvfp4", False), ("dense", "groupwise-int", True)])
+# Where a producer hands the next GEMV its decode operand: the GDN norm's 4 heads of 32 make a
+# groupwise-int operand group (128), not an nvfp4 one (256); in_proj_ba's skinny kernel writes
+# in_proj_qkvz's, the router's the experts' gate|up stage's. The tiny MoE's bf16 router logits
+# tie exactly for a decode token (margins: docs/perf.md, twelfth run), and which expert a tie
+# picks is the kernel's choice: the MoE is checked against itself only.
+@pytest.mark.parametrize(("kind", "weights", "gdn_operand", "against_reference"),
+                         [("dense", "nvfp4", False, True), ("dense", "groupwise-int", True, True),
+                          ("moe", "nvfp4", False, False)])
 def test_half_steps_give_the_reference_logits(quantized, monkeypatch: pytest.MonkeyPatch,
-                                              kind: str, weights: str,
-                                              gdn_operand: bool) -> None:
+                                              kind: str, weights: str, gdn_operand: bool,
+                                              against_reference: bool) -> None:
     """The token tests above run fp32, which never takes the decode GEMV (half activations
-    only) nor the operand the GDN output norm writes for out_proj. In half precision a
-    prompt of 5 tokens (decode GEMV rows too) and two one-token steps give the reference
-    ops' logits to half rounding, and the same logits bit for bit whether the norm hands its
-    operand on or out_proj's GEMV makes its own."""
+    only) nor the operands its producers write for it. In half precision a prompt of 5
+    tokens (decode GEMV rows too) and two one-token steps give the reference ops' logits to
+    half rounding, and the same logits bit for bit whether the producers hand their operands
+    on or each GEMV makes its own."""
     from ninfer_runtime.models import layers
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -118,18 +121,27 @@ def test_half_steps_give_the_reference_logits(quantized, monkeypatch: pytest.Mon
         steps += [model.logits(model.forward(ids[p:p + 1], p, cache)) for p in (5, 6)]
         return torch.cat(steps)
 
-    handed = []
+    handed = {"norm": [], "skinny": []}
 
-    def spy(*args):
-        out = norm_with_operand(*args)
-        handed.append(out[-1] is not None)
-        return out
+    def spy(name: str, producer):
+        def call(*args):
+            out = producer(*args)
+            handed[name].append(out[-1] is not None)
+            return out
+        return call
 
-    norm_with_operand = layers.gated_rms_norm_with_operand
-    monkeypatch.setattr(layers, "gated_rms_norm_with_operand", spy)
-    ref, triton = run("ref"), run("triton")
-    assert set(handed) == {gdn_operand}
+    monkeypatch.setattr(layers, "gated_rms_norm_with_operand",
+                        spy("norm", layers.gated_rms_norm_with_operand))
+    monkeypatch.setattr(layers, "linear_with_operand",
+                        spy("skinny", layers.linear_with_operand))
+    triton = run("triton")
+    assert set(handed["norm"]) == {gdn_operand}
+    assert True in handed["skinny"]  # the one-token steps (the prompt's 5 rows too)
     monkeypatch.setattr(layers, "decode_operand_spec", lambda *args: None)
-    assert torch.equal(run("triton"), triton)
-    tol = 4e-2 if dtype == torch.bfloat16 else 1e-2
-    torch.testing.assert_close(triton, ref, rtol=0, atol=tol * ref.abs().max().item())
+    monkeypatch.setattr(layers, "gate_up_operand_spec", lambda *args: None)
+    handed["skinny"].clear()
+    assert torch.equal(run("triton"), triton) and not any(handed["skinny"])
+    if against_reference:
+        ref = run("ref")
+        tol = 4e-2 if dtype == torch.bfloat16 else 1e-2
+        torch.testing.assert_close(triton, ref, rtol=0, atol=tol * ref.abs().max().item())

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ninfer_runtime.ops import moe, quant_linear
+from ninfer_runtime.ops.linear import linear, linear_with_operand
 from ninfer_runtime.ops.moe import (
     DECODE_MAX_TOKENS,
     _launch_align,
@@ -224,3 +225,24 @@ def test_route_with_the_shared_expert(tokens: int) -> None:
     assert torch.equal(ids, ref_ids) and (ids[:, top_k] == experts).all()
     torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(weights[:, top_k], torch.sigmoid(logits[:, -1].float()))
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "int4"])
+def test_the_router_hands_the_gate_up_stage_its_operand(scheme: str) -> None:
+    """The router's skinny kernel writes x's operand for the tensor-core gate|up stage
+    (`gate_up_operand_spec`, ops.linear.linear_with_operand): the experts' output is the same
+    bit for bit as with the stage's own activation pass; no spec where the stages do not run
+    on tensor cores or the tokens are a prompt's."""
+    hidden, inter = (768, 64) if scheme == "nvfp4" else (384, 128)
+    x, gate_up, down, weights, ids = experts_case(scheme, 3, hidden, inter, HALF)
+    router = (torch.randn(9, hidden, generator=gen(6)) * hidden**-0.5).to(DEVICE, HALF)
+    spec = moe.gate_up_operand_spec(x, gate_up, down)
+    assert spec == (quant_linear.operand_group(gate_up), scheme == "int4")
+    logits, operand = linear_with_operand(x, router, spec)
+    assert operand is not None and torch.equal(logits, linear(x, router))
+    assert torch.equal(moe_experts(x, gate_up, down, weights, ids, operand),
+                       moe_experts(x, gate_up, down, weights, ids))
+    plain = stacked("plain", 8, 2 * inter, hidden, seed=1, dtype=HALF)
+    many = x.new_zeros(DECODE_MAX_TOKENS + 1, hidden)
+    for args in ((x, plain, down), (x.float(), gate_up, down), (many, gate_up, down)):
+        assert moe.gate_up_operand_spec(*args) is None

@@ -65,3 +65,30 @@ def test_auto_mode_keeps_f_linear_until_validated_on_a_gpu(
     monkeypatch.setenv("NINFER_OPS", "auto")
     x, w = rand(1, 256, seed=0), rand(24, 256, seed=1)
     assert not skinny_linear.applies(x.cpu(), w.cpu())
+
+
+@pytest.mark.parametrize(("m", "k", "group", "sums"),
+                         [(1, 640, 256, False), (3, 1000, 128, True), (16, 2048, 128, True)])
+def test_writes_the_decode_operand_of_its_input(m: int, k: int, group: int, sums: bool) -> None:
+    """With an operand buffer the kernel also writes x's decode operand, the bits the decode
+    GEMV's own activation pass makes (groups past the programs' count in a loop: K 2048 in
+    groups of 128 on one row tile), and its product does not change."""
+    x, w = rand(m, k, seed=m) * 8, rand(24, k, seed=k) / k**0.5
+    operand = quant_linear.DecodeOperand.empty(m, k, group, sums, x.device)
+    out = skinny_linear.skinny_linear(x, w, operand)
+    assert torch.equal(out, skinny_linear.skinny_linear(x, w))
+    expect = quant_linear.activation_operands(x, group, sums)
+    assert torch.equal(operand.xo, expect.xo) and torch.equal(operand.inv, expect.inv)
+    assert operand.sums == sums and (not sums or torch.equal(operand.xsum, expect.xsum))
+
+
+def test_linear_with_operand_only_where_the_skinny_kernel_runs() -> None:
+    w = rand(24, 256, seed=1)
+    x = rand(2, 256, seed=2)
+    out, operand = linear_ops.linear_with_operand(x, w, (128, False))
+    assert operand is not None and operand.group == 128
+    assert torch.equal(out, linear_ops.linear(x, w))
+    for args in ((x, w, None), (x.float(), w.float(), (128, False)),
+                 (rand(17, 256, seed=3), w, (128, False))):
+        out, operand = linear_ops.linear_with_operand(*args)
+        assert operand is None and torch.equal(out, linear_ops.linear(*args[:2]))

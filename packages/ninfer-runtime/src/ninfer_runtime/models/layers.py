@@ -26,8 +26,14 @@ from ninfer_runtime.models.weights import (
 from ninfer_runtime.ops.attention import paged_attention, store_kv
 from ninfer_runtime.ops.conv import causal_conv1d_varlen
 from ninfer_runtime.ops.gdn import gated_delta_rule_varlen, gdn_decode, gdn_gating
-from ninfer_runtime.ops.linear import Weight, decode_operand_spec, linear, silu_mul_linear
-from ninfer_runtime.ops.moe import moe_experts, route
+from ninfer_runtime.ops.linear import (
+    Weight,
+    decode_operand_spec,
+    linear,
+    linear_with_operand,
+    silu_mul_linear,
+)
+from ninfer_runtime.ops.moe import gate_up_operand_spec, moe_experts, route
 from ninfer_runtime.ops.norm import (
     add_rms_norm,
     gated_rms_norm,
@@ -60,8 +66,11 @@ def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: Step
     chunked path; both continue from and replace the slots' state (or, for verify segments,
     leave the state after each token in its snapshot slot)."""
     n, nv, dv = x.shape[0], cfg.linear_num_value_heads, cfg.linear_value_head_dim
-    mixed, z = linear(x, w.in_proj_qkvz).split([cfg.conv_dim, cfg.linear_value_dim], dim=-1)
-    b, a = linear(x, w.in_proj_ba).chunk(2, dim=-1)
+    # in_proj_ba first: its kernel can write x's operand for in_proj_qkvz's decode GEMV
+    ba, operand = linear_with_operand(x, w.in_proj_ba, decode_operand_spec(x, w.in_proj_qkvz))
+    b, a = ba.chunk(2, dim=-1)
+    mixed, z = linear(x, w.in_proj_qkvz, operand).split([cfg.conv_dim, cfg.linear_value_dim],
+                                                        dim=-1)
     r, seqs = batch.recurrent_tokens, batch.recurrent_seqs
     parts = []
     if r:  # conv, gating and the recurrent update fused in one pass
@@ -98,9 +107,12 @@ def mlp(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
 
 
 def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig) -> torch.Tensor:
-    """Routed experts (top-k, renormalised) plus the sigmoid-gated shared expert."""
-    weights, ids = route(linear(x, w.router_and_gate), cfg.num_experts_per_tok, shared=True)
-    return moe_experts(x, w.experts_gate_up, w.experts_down, weights, ids)
+    """Routed experts (top-k, renormalised) plus the sigmoid-gated shared expert. The router's
+    kernel can write x's operand for the experts' gate|up stage."""
+    logits, operand = linear_with_operand(
+        x, w.router_and_gate, gate_up_operand_spec(x, w.experts_gate_up, w.experts_down))
+    weights, ids = route(logits, cfg.num_experts_per_tok, shared=True)
+    return moe_experts(x, w.experts_gate_up, w.experts_down, weights, ids, operand)
 
 
 def gated_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -59,6 +59,20 @@ def decode_operand_spec(x: torch.Tensor, w: Weight) -> tuple[int, bool] | None:
     return quant_linear.operand_group(w), quant_linear.needs_group_sums(w)
 
 
+def linear_with_operand(x: torch.Tensor, w: Weight, spec: tuple[int, bool] | None
+                        ) -> tuple[torch.Tensor, quant_linear.DecodeOperand | None]:
+    """linear(x, w), and x's decode operand of `spec` (group, sums: `decode_operand_spec` of
+    the packed weight that reads x next, or None) written by the same launch where w takes
+    `skinny_linear`: the next GEMV then runs no activation pass of its own. Elsewhere the
+    operand is None."""
+    rows = x.reshape(-1, x.shape[-1])
+    if spec is None or not isinstance(w, torch.Tensor) or not skinny_linear.applies(rows, w):
+        return linear(x, w), None
+    operand = quant_linear.DecodeOperand.empty(*rows.shape, *spec, x.device)
+    out = skinny_linear.skinny_linear(rows, w, operand)
+    return out.view(*x.shape[:-1], w.shape[0]), operand
+
+
 def silu_mul_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     """linear(silu_and_mul(x), w) for x [..., 2I] ([gate | up]) and w [out, I]. A decode
     step's few rows through a packed weight take the SiLU in the GEMV's activation pass: one

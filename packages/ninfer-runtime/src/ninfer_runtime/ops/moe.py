@@ -176,15 +176,41 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
 
 
 def moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
-                weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, H] (see `moe_experts_ref`)."""
-    tensors = [x, weights, ids, *_tensors(gate_up), *_tensors(down)]
-    if (not use_triton(*tensors) or x.shape[0] == 0 or not _supported(gate_up)
-            or not _supported(down)):
+                weights: torch.Tensor, ids: torch.Tensor,
+                operand: quant_linear.DecodeOperand | None = None) -> torch.Tensor:
+    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, H] (see `moe_experts_ref`).
+    operand: x's decode operand for the gate|up stage on tensor cores, made with x by the
+    kernel beside it (`gate_up_operand_spec`), which spares the stage its activation pass."""
+    if not _kernels(x, gate_up, down, weights, ids):
         return moe_experts_ref(x, gate_up, down, weights, ids)
     if x.shape[0] <= DECODE_MAX_TOKENS:
-        return _launch_moe_decode(x, gate_up, down, weights, ids)
+        return _launch_moe_decode(x, gate_up, down, weights, ids, operand)
     return _launch_moe_experts(x, gate_up, down, weights, ids)
+
+
+def gate_up_operand_spec(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight
+                         ) -> tuple[int, bool] | None:
+    """(group, sums) of the decode operand the gate|up stage on tensor cores makes of x [T,
+    H] (quant_linear.DecodeOperand), for a kernel that reads x beside it (the router,
+    ops.linear.linear_with_operand) to write; None where `moe_experts` would not run that
+    stage."""
+    if (x.dim() != 2 or not 0 < x.shape[0] <= DECODE_MAX_TOKENS
+            or not _tensor_cores(x, gate_up) or not _kernels(x, gate_up, down)):
+        return None
+    return quant_linear.operand_group(gate_up), quant_linear.needs_group_sums(gate_up)
+
+
+def _kernels(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
+             *routing: torch.Tensor) -> bool:
+    """Whether moe_experts runs its Triton kernels (else the reference)."""
+    return (use_triton(x, *routing, *_tensors(gate_up), *_tensors(down)) and x.shape[0] > 0
+            and _supported(gate_up) and _supported(down))
+
+
+def _tensor_cores(x: torch.Tensor, gate_up: ExpertWeight) -> bool:
+    """Whether the decode path runs its stages on tensor cores (`_tensor_core_stage`): packed
+    experts and half activations."""
+    return isinstance(gate_up, PackedWeight) and x.dtype in (torch.float16, torch.bfloat16)
 
 
 def _tensors(w: ExpertWeight) -> list[torch.Tensor]:
@@ -340,9 +366,11 @@ def _check_experts(x: torch.Tensor, gu: _Experts, dn: _Experts) -> int:
 
 
 def _launch_moe_decode(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
-                       weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+                       weights: torch.Tensor, ids: torch.Tensor,
+                       operand: quant_linear.DecodeOperand | None = None) -> torch.Tensor:
     """The GEMV path (module docstring): gate|up + SiLU per pair, then down summed per token;
-    packed experts with half activations on tensor cores (`_tensor_core_stage`)."""
+    packed experts with half activations on tensor cores (`_tensor_core_stage`, the gate|up
+    stage with x's `operand` where given)."""
     gu, dn = _Experts.of(gate_up, "gate_up"), _Experts.of(down, "down")
     assert x.stride(1) == 1, "moe_experts: x needs contiguous features"
     inter = _check_experts(x, gu, dn)
@@ -352,10 +380,11 @@ def _launch_moe_decode(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeigh
     weights = weights.float().contiguous()
     hidden = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
-    if gu.scheme != PLAIN and x.dtype in (torch.float16, torch.bfloat16):
-        _tensor_core_stage(x, gu, hidden, ids, weights, swiglu=True)
+    if _tensor_cores(x, gate_up):
+        _tensor_core_stage(x, gu, hidden, ids, weights, swiglu=True, operand=operand)
         _tensor_core_stage(hidden, dn, out, ids, weights, swiglu=False)
         return out
+    assert operand is None, "moe_experts: an operand for the CUDA-core stages"
     for a, w, dst, programs, swiglu in ((x, gu, hidden, t * top_k, True),
                                         (hidden, dn, out, t, False)):
         n = w.shape[1] // 2 if swiglu else w.shape[1]
@@ -401,12 +430,14 @@ def _stage_candidates(n: int, k: int, scheme: int, swiglu: bool) -> list[_StageP
 
 
 def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tensor,
-                       weights: torch.Tensor, swiglu: bool) -> None:
+                       weights: torch.Tensor, swiglu: bool,
+                       operand: quant_linear.DecodeOperand | None = None) -> None:
     """One decode stage on tensor cores, a program per (pair, BN output columns, K split),
     with ops.quant_linear's decode tile on the pair's expert: gate|up (swiglu: out [pairs,
     I] = silu(gate) * up) or down (out [T, H] = the token's pairs summed, routing weights
     applied). K splits and a token's pairs are added by the last to arrive (`sum_parts`). The
-    plan (config, splits) is timed per shape on the first call, like the dense decode's."""
+    plan (config, splits) is timed per shape on the first call, like the dense decode's; a's
+    `operand`, where given, is used instead of the stage's own activation pass."""
     e, rows, k = w.shape
     n = rows // 2 if swiglu else rows
     # tuned per power of two of the token count (the warm-up meets each, engine.warmup)
@@ -415,13 +446,16 @@ def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: tor
     plan = quant_linear.tuned_plan(
         _stage_plans, key, lambda: _stage_candidates(n, k, w.scheme, swiglu),
         lambda c: _run_stage(a, w, out, ids, weights, swiglu, c), a.device)
-    _run_stage(a, w, out, ids, weights, swiglu, plan)
+    _run_stage(a, w, out, ids, weights, swiglu, plan, operand)
 
 
 def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tensor,
-               weights: torch.Tensor, swiglu: bool, plan: _StagePlan) -> None:
+               weights: torch.Tensor, swiglu: bool, plan: _StagePlan,
+               operand: quant_linear.DecodeOperand | None = None) -> None:
     c = plan.config
-    operand = quant_linear.activation_operands(a, c.bk, w.scheme == INT4)
+    if operand is None:
+        operand = quant_linear.activation_operands(a, c.bk, w.scheme == INT4)
+    assert operand.group == c.bk, "moe_experts: a decode operand of another K tile"
     e, rows, k = w.shape
     n = rows // 2 if swiglu else rows
     pairs, top_k = ids.numel(), ids.shape[-1]

@@ -196,6 +196,11 @@ class DecodeOperand:
         xo = torch.empty((8, m, k // 8), dtype=torch.float16, device=device)
         return cls(xo, inv, torch.empty_like(inv) if sums else inv, group)
 
+    @property
+    def sums(self) -> bool:
+        """Whether it holds the groups' sums (`empty` aliases xsum to inv where not)."""
+        return self.xsum is not self.inv
+
 
 def operand_group(w: PackedWeight) -> int:
     """The decode K tile, which the activation operand is scaled in groups of, for w's

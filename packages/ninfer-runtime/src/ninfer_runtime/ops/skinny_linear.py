@@ -10,6 +10,12 @@ launch (ops.launch). Here a program multiplies BN weight rows over one K split o
 adds the parts in a fixed order (`quant_linear.sum_parts`), so results do not depend on
 scheduling and no second kernel runs.
 
+Both of these read the same input as a packed projection beside them: in_proj_ba beside
+in_proj_qkvz, the router beside the experts' gate|up. So the kernel can also write that input's
+decode operand (quant_linear.DecodeOperand), one operand group per program, side by side with
+its own product: the packed GEMV after it then runs no activation pass, one launch fewer in the
+chain (as the GDN output norm spares out_proj's).
+
 On the H200 (docs/perf.md, fifth run) its tests pass and the 27B in_proj_ba at one row takes
 4.9 us against cuBLAS's 7.2 (5.4 against 7.3 at eight rows); 3.4 us since the tenth run.
 """
@@ -51,8 +57,11 @@ def k_split(n: int, k: int, device: torch.device) -> tuple[int, int]:
                                 max_splits=_MAX_SPLITS)
 
 
-def skinny_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ w [N, K]^T -> [M, N] in x.dtype, fp32 accumulation (as F.linear)."""
+def skinny_linear(x: torch.Tensor, w: torch.Tensor,
+                  operand: quant_linear.DecodeOperand | None = None) -> torch.Tensor:
+    """x [M, K] @ w [N, K]^T -> [M, N] in x.dtype, fp32 accumulation (as F.linear). With
+    `operand` (unwritten buffers, `DecodeOperand.empty` of x's shape), the same launch writes
+    x's decode operand into it, the bits `quant_linear.activation_operands` would make."""
     m, k = x.shape
     n = w.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -60,15 +69,21 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     tiles = triton.cdiv(n, _BN)
     parts = out if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32,
                                                 device=x.device)
+    if operand is not None:
+        assert operand.xo.shape == (8, m, k // 8) and k % 8 == 0, \
+            f"skinny_linear: an operand of {tuple(operand.xo.shape)} for x {tuple(x.shape)}"
+    buffers = (operand.xo, operand.inv, operand.xsum) if operand else (x, x, x)  # else unused
     _skinny_kernel[(tiles, splits)](
-        x, w, parts, quant_linear.tile_counters(x.device, tiles), out, m, n, k, x.stride(0),
-        w.stride(0), split_len, BM=quant_linear.decode_rows(m), BN=_BN, BK=_BK, num_warps=4,
-        **options(x.device))
+        x, w, parts, quant_linear.tile_counters(x.device, tiles), out, *buffers, m, n, k,
+        x.stride(0), w.stride(0), split_len, BM=quant_linear.decode_rows(m), BN=_BN, BK=_BK,
+        OPERAND=operand is not None, GROUP=operand.group if operand else _BK,
+        HAS_SUM=operand is not None and operand.sums, num_warps=4, **options(x.device))
     return out
 
 
 if triton is not None:
     from ninfer_runtime.ops.launch import wait_for_inputs
+    from ninfer_runtime.ops.quant_decode import store_operand
     from ninfer_runtime.ops.quant_linear import split_program, sum_parts
 
     @triton.jit
@@ -86,13 +101,32 @@ if triton is not None:
                        mask=(ks < k_hi)[:, None] & m_ok[None, :], other=0.0)
 
     @triton.jit
-    def _skinny_kernel(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, M, N, K, stride_x,
-                       stride_w, split_len, BM: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, GDC: tl.constexpr):
+    def _write_operand(x_ptr, stride_x, M, K, xo_ptr, inv_ptr, xsum_ptr, BM: tl.constexpr,
+                       GROUP: tl.constexpr, HAS_SUM: tl.constexpr):
+        """x's decode operand, group g by the g-th program in launch order (`store_operand`,
+        as `activation_kernel` does it a row at a time: the same bits)."""
+        programs = tl.num_programs(0) * tl.num_programs(1)
+        ms = tl.arange(0, BM)
+        m_ok = ms < M
+        for g in range(tl.program_id(1) * tl.num_programs(0) + tl.program_id(0),
+                       tl.cdiv(K, GROUP), programs):
+            ks = g * GROUP + tl.arange(0, GROUP)
+            x = tl.load(x_ptr + ms[:, None] * stride_x + ks[None, :],
+                        mask=m_ok[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+            store_operand(x, ms, m_ok, g * GROUP, M, K, xo_ptr, inv_ptr, xsum_ptr, GROUP,
+                          HAS_SUM)
+
+    @triton.jit
+    def _skinny_kernel(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, xo_ptr, inv_ptr,
+                       xsum_ptr, M, N, K, stride_x, stride_w, split_len, BM: tl.constexpr,
+                       BN: tl.constexpr, BK: tl.constexpr, OPERAND: tl.constexpr,
+                       GROUP: tl.constexpr, HAS_SUM: tl.constexpr, GDC: tl.constexpr):
         """out[:, rows of tile pid 0] over K split pid 1 of num_programs(1). The first K tile
         of the weight (which no kernel of a step writes; most programs have only one) is
         loaded before the wait for the inputs, so that its DRAM latency passes while the
-        predecessor still runs: 0.3-0.5 us a call on the H200 (docs/perf.md, tenth run)."""
+        predecessor still runs: 0.3-0.5 us a call on the H200 (docs/perf.md, tenth run).
+        With OPERAND, the first programs also write x's decode operand, after their own
+        part of the product is out (`_write_operand`)."""
         tile, part, rows, row_ok, ms, m_ok, k_lo, k_hi = split_program(M, N, K, split_len, BM,
                                                                        BN)
         w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
@@ -109,3 +143,5 @@ if triton is not None:
                                 mask, counter_ptr + tile)
         if last:
             tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+        if OPERAND:
+            _write_operand(x_ptr, stride_x, M, K, xo_ptr, inv_ptr, xsum_ptr, BM, GROUP, HAS_SUM)
