@@ -246,3 +246,22 @@ def test_the_router_hands_the_gate_up_stage_its_operand(scheme: str) -> None:
     many = x.new_zeros(DECODE_MAX_TOKENS + 1, hidden)
     for args in ((x, plain, down), (x.float(), gate_up, down), (many, gate_up, down)):
         assert moe.gate_up_operand_spec(*args) is None
+
+
+@pytest.mark.parametrize(("scheme", "inter"), [("nvfp4", 320), ("int4", 384)])
+def test_the_gate_up_stage_hands_the_down_stage_its_operand(scheme: str, inter: int) -> None:
+    """The tensor-core gate|up stage writes its output's decode operand for the down stage
+    (the last column tile of each operand group to be stored writes the group), the bits the
+    down stage's own activation pass makes of that output; its group counters end at zero.
+    nvfp4: two groups of 256, the second of 2 column tiles; int4: three groups of 128."""
+    x, gate_up, down, weights, ids = experts_case(scheme, 3, 256, inter, HALF, top_k=3)
+    pairs = ids.numel()
+    hidden = torch.empty(pairs, inter, dtype=HALF, device=DEVICE)
+    handed = quant_linear.DecodeOperand.empty(pairs, inter, quant_linear.operand_group(down),
+                                              quant_linear.needs_group_sums(down), x.device)
+    moe._tensor_core_stage(x, moe._Experts.of(gate_up, "gate_up"), hidden, ids.contiguous(),
+                           weights.float().contiguous(), swiglu=True, hand_on=handed)
+    expect = quant_linear.activation_operands(hidden, handed.group, handed.sums)
+    assert torch.equal(handed.xo, expect.xo) and torch.equal(handed.inv, expect.inv)
+    assert not handed.sums or torch.equal(handed.xsum, expect.xsum)
+    assert not quant_linear.tile_counters(x.device, 1).any()

@@ -20,7 +20,10 @@ Each op has a torch reference (`*_ref`, the oracle and the CPU path) and a Trito
   (`_tensor_core_stage`): a program per (pair, column tile, K split) runs ops.quant_linear's
   decode tile (PTX decoders, ~2.7-4 SASS instructions per weight against ~6 on CUDA cores)
   on its pair's expert, and the K parts and a token's pairs are added in-kernel by the last
-  program to arrive, in a fixed order.
+  program to arrive, in a fixed order. The gate|up stage also writes the down stage's
+  activation operand (the last column tile of each operand group to be stored writes that
+  group), and the router's kernel writes gate|up's (ops.linear.linear_with_operand): neither
+  stage launches an activation pass.
 - `moe_experts` for prompts: the T*k pairs are sorted by expert into blocks of BLOCK_M rows
   (`align`: every block belongs to one expert; an expert's last block is padded with a
   sentinel), then two grouped GEMMs run over the blocks: gate|up with SiLU-and-mul fused into
@@ -381,8 +384,13 @@ def _launch_moe_decode(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeigh
     hidden = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
     if _tensor_cores(x, gate_up):
-        _tensor_core_stage(x, gu, hidden, ids, weights, swiglu=True, operand=operand)
-        _tensor_core_stage(hidden, dn, out, ids, weights, swiglu=False)
+        # the gate|up stage writes hidden's operand for the down stage as it goes
+        hidden_operand = quant_linear.DecodeOperand.empty(
+            t * top_k, inter, quant_linear.operand_group(down), quant_linear.needs_group_sums(down),
+            x.device)
+        _tensor_core_stage(x, gu, hidden, ids, weights, swiglu=True, operand=operand,
+                           hand_on=hidden_operand)
+        _tensor_core_stage(hidden, dn, out, ids, weights, swiglu=False, operand=hidden_operand)
         return out
     assert operand is None, "moe_experts: an operand for the CUDA-core stages"
     for a, w, dst, programs, swiglu in ((x, gu, hidden, t * top_k, True),
@@ -431,13 +439,16 @@ def _stage_candidates(n: int, k: int, scheme: int, swiglu: bool) -> list[_StageP
 
 def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tensor,
                        weights: torch.Tensor, swiglu: bool,
-                       operand: quant_linear.DecodeOperand | None = None) -> None:
+                       operand: quant_linear.DecodeOperand | None = None,
+                       hand_on: quant_linear.DecodeOperand | None = None) -> None:
     """One decode stage on tensor cores, a program per (pair, BN output columns, K split),
     with ops.quant_linear's decode tile on the pair's expert: gate|up (swiglu: out [pairs,
     I] = silu(gate) * up) or down (out [T, H] = the token's pairs summed, routing weights
     applied). K splits and a token's pairs are added by the last to arrive (`sum_parts`). The
     plan (config, splits) is timed per shape on the first call, like the dense decode's; a's
-    `operand`, where given, is used instead of the stage's own activation pass."""
+    `operand`, where given, is used instead of the stage's own activation pass. `hand_on`
+    (gate|up only): buffers the stage writes its output's operand into (for the down stage),
+    a group by the last of its column tiles to be stored (`_hand_on_operand`)."""
     e, rows, k = w.shape
     n = rows // 2 if swiglu else rows
     # tuned per power of two of the token count (the warm-up meets each, engine.warmup)
@@ -446,13 +457,16 @@ def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: tor
     plan = quant_linear.tuned_plan(
         _stage_plans, key, lambda: _stage_candidates(n, k, w.scheme, swiglu),
         lambda c: _run_stage(a, w, out, ids, weights, swiglu, c), a.device)
-    _run_stage(a, w, out, ids, weights, swiglu, plan, operand)
+    _run_stage(a, w, out, ids, weights, swiglu, plan, operand, hand_on)
 
 
 def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tensor,
                weights: torch.Tensor, swiglu: bool, plan: _StagePlan,
-               operand: quant_linear.DecodeOperand | None = None) -> None:
+               operand: quant_linear.DecodeOperand | None = None,
+               hand_on: quant_linear.DecodeOperand | None = None) -> None:
     c = plan.config
+    assert hand_on is None or (swiglu and hand_on.group % c.bn == 0), \
+        "moe_experts: an output operand for gate|up in groups of whole column tiles"
     if operand is None:
         operand = quant_linear.activation_operands(a, c.bk, w.scheme == INT4)
     assert operand.group == c.bk, "moe_experts: a decode operand of another K tile"
@@ -467,11 +481,16 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
     part_buf = torch.empty((parts, outputs, rows), dtype=torch.float32, device=a.device) \
         if parts > 1 else out
     words = w.weight.view(torch.int32)
+    # arrival counters: (output row, column tile) for the K parts, then (pair, operand group)
+    groups = pairs * triton.cdiv(n, hand_on.group) if hand_on else 0
+    counters = quant_linear.tile_counters(a.device, outputs * tiles + groups)
+    handed = (hand_on.xo, hand_on.inv, hand_on.xsum) if hand_on else (out,) * 3  # else unused
     _decode_experts_kernel[(pairs, tiles, splits)](
-        operand.xo, operand.inv, operand.xsum, words, w.scale, w.aux, part_buf,
-        quant_linear.tile_counters(a.device, outputs * tiles), out, ids, weights, a.shape[0],
-        n, k, top_k, words.stride(0), words.stride(1), w.scale.stride(0), w.scale.stride(1),
-        w.aux.stride(0), split_len, SWIGLU=swiglu,
+        operand.xo, operand.inv, operand.xsum, words, w.scale, w.aux, part_buf, counters, out,
+        *handed, counters[outputs * tiles:], ids, weights, a.shape[0], n, k, top_k,
+        words.stride(0), words.stride(1), w.scale.stride(0), w.scale.stride(1),
+        w.aux.stride(0), split_len, SWIGLU=swiglu, HAND_ON=hand_on is not None,
+        OUT_GROUP=hand_on.group if hand_on else c.bn, OUT_SUMS=hand_on is not None and hand_on.sums,
         PREFETCH=quant_linear.prefetches(words, k, split_len),
         **quant_linear.decode_tile_args(_DECODE_LAYOUTS[w.scheme], c, k, 1),
         **options(a.device))
@@ -495,6 +514,7 @@ def _gemm_configs() -> list[triton.Config]:
 
 if triton is not None:
     from ninfer_runtime.ops.launch import prefetch_to_l2, wait_for_inputs
+    from ninfer_runtime.ops.quant_decode import store_operand
     from ninfer_runtime.ops.quant_linear import (
         _NV_FMA_SCALE,
         _NV_FMA_X,
@@ -896,17 +916,42 @@ if triton is not None:
                  mask=n_cols < N)
 
     @triton.jit
+    def _hand_on_operand(hidden_ptr, pair, tile, tiles, pairs, N, xo_ptr, inv_ptr, xsum_ptr,
+                         ticket_ptr, BN: tl.constexpr, GROUP: tl.constexpr,
+                         HAS_SUM: tl.constexpr):
+        """Once column tile `tile` of the pair's hidden row is stored: the last of the tiles of
+        its operand group to get here writes that group of the row's decode operand (the
+        down stage's input; `store_operand`, the bits its activation pass would make of the
+        stored row) and zeroes the group's counter for the next launch."""
+        PER: tl.constexpr = GROUP // BN
+        g = tile // PER
+        tl.debug_barrier()  # every thread's columns are stored before the group counts them
+        counter = ticket_ptr + pair * tl.cdiv(tiles, PER) + g
+        if tl.atomic_add(counter, 1, sem="acq_rel") == tl.minimum(PER, tiles - g * PER) - 1:
+            tl.store(counter, 0)
+            ks = g * GROUP + tl.arange(0, GROUP)
+            h = tl.load(hidden_ptr + pair * N + ks, mask=ks < N, other=0.0,
+                        cache_modifier=".cg").to(tl.float32)
+            rows = pair + tl.arange(0, 1)
+            store_operand(h[None, :], rows, rows < pairs, g * GROUP, pairs, N, xo_ptr, inv_ptr,
+                          xsum_ptr, GROUP, HAS_SUM)
+
+    @triton.jit
     def _decode_experts_kernel(
-        xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, aux_ptr, part_ptr, counter_ptr, out_ptr, ids,
-        route_weights, M, N, K, top_k, stride_we, stride_wn, stride_se, stride_sn, stride_ae,
-        split_len, SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
-        ASM: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-        DOTS: tl.constexpr, SWIGLU: tl.constexpr, PREFETCH: tl.constexpr, GDC: tl.constexpr
+        xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, aux_ptr, part_ptr, counter_ptr, out_ptr,
+        oxo_ptr, oinv_ptr, oxsum_ptr, ticket_ptr, ids, route_weights, M, N, K, top_k,
+        stride_we, stride_wn, stride_se, stride_sn, stride_ae, split_len, SCHEME: tl.constexpr,
+        WPS: tl.constexpr, BM: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
+        BN: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr, SWIGLU: tl.constexpr,
+        HAND_ON: tl.constexpr, OUT_GROUP: tl.constexpr, OUT_SUMS: tl.constexpr,
+        PREFETCH: tl.constexpr, GDC: tl.constexpr
     ):
         """Program (pair, column tile, K split) of `_tensor_core_stage`: the pair's activation
         row (gate|up: its token's x, down: its hidden row) times BN output columns of its
         expert (gate|up: the BN gate rows and the BN up rows N later), as a K part of the
-        pair's output (gate|up) or of its token's (down, routing weight applied)."""
+        pair's output (gate|up) or of its token's (down, routing weight applied). HAND_ON
+        (gate|up): the output's decode operand too, in groups of OUT_GROUP columns
+        (`_hand_on_operand`)."""
         wait_for_inputs(GDC)
         pair = tl.program_id(0)
         tile = tl.program_id(1)
@@ -961,6 +1006,10 @@ if triton is not None:
                 tl.store(out_ptr + pair * N + c[None, :] + ms[:, None] * 0,
                          (gate / (1.0 + tl.exp(-gate)) * up).to(out_ptr.dtype.element_ty),
                          mask=m_ok[:, None] & (c < N)[None, :])
+                if HAND_ON:
+                    _hand_on_operand(out_ptr, pair, tile, tiles, tl.num_programs(0), N,
+                                     oxo_ptr, oinv_ptr, oxsum_ptr, ticket_ptr, BN, OUT_GROUP,
+                                     OUT_SUMS)
             else:
                 tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
