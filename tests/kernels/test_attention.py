@@ -16,13 +16,14 @@ import pytest
 import torch
 import triton
 
-from ninfer_runtime.ops import attention
+from ninfer_runtime.ops import attention, quant_linear
 from ninfer_runtime.ops.attention import (
     _paged_attention_triton,
     _store_kv_triton,
     launch_plan,
     paged_attention,
     paged_attention_ref,
+    paged_attention_with_operand,
     store_kv,
     store_kv_ref,
     visible_keys,
@@ -93,7 +94,8 @@ def paged_step(query_lens: list[int], contexts: list[int], *, nq: int, nkv: int,
 def assert_matches_reference(step: dict, *, causal: bool = True, window: int | None = None,
                              **launch: object) -> None:
     expected = paged_attention_ref(**step, causal=causal, window=window)
-    out = _paged_attention_triton(**step, causal=causal, window=window, **launch)
+    out, operand = _paged_attention_triton(**step, causal=causal, window=window, **launch)
+    assert operand is None  # none asked for
     assert out.shape == expected.shape and out.dtype == expected.dtype
     atol, rtol = TOL[step["q"].dtype]
     torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
@@ -232,3 +234,31 @@ def test_public_ops_dispatch_to_the_kernels(monkeypatch: pytest.MonkeyPatch) -> 
     torch.testing.assert_close(out, paged_attention_ref(**step, causal=False, window=4),
                                atol=atol, rtol=rtol)
     assert calls == ["_store_kv_triton", "_paged_attention_triton", "_paged_attention_triton"]
+
+
+@pytest.mark.parametrize(("group", "sums"), [(32, False), (16, True)])
+def test_the_split_merge_writes_o_projs_operand(group: int, sums: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a split context the merge also writes the decode operand of the gated output
+    read as [N, nq * d] (o_proj's input), the bits o_proj's own activation pass makes of it
+    (a head of 32 is one group of 32 or two of 16); unsplit, or where a head would hold part
+    of a group, none (and the same output)."""
+    monkeypatch.setenv("NINFER_OPS", "triton")
+    dtype = DTYPES[-1]
+    step = paged_step([1, 1, 1], [40, 17, 64], nq=4, nkv=2, d=32, page=16, int8=True,
+                      dtype=dtype)
+    gate = rand(3, 4, 32, seed=7, dtype=dtype)
+    out, operand = _paged_attention_triton(**step, gate=gate, num_splits=4, min_split_tokens=16,
+                                           operand_spec=(group, sums))
+    assert torch.equal(out, _paged_attention_triton(**step, gate=gate, num_splits=4,
+                                                    min_split_tokens=16)[0])
+    expect = quant_linear.activation_operands(out.reshape(3, 128), group, sums)
+    assert operand is not None and operand.group == group
+    assert torch.equal(operand.xo, expect.xo) and torch.equal(operand.inv, expect.inv)
+    assert not sums or torch.equal(operand.xsum, expect.xsum)
+    assert _paged_attention_triton(**step, gate=gate, num_splits=1,
+                                   operand_spec=(group, sums))[1] is None
+    out, operand = paged_attention_with_operand(**step, gate=gate, spec=(64, sums))
+    assert operand is None
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out, paged_attention_ref(**step, gate=gate), atol=atol, rtol=rtol)

@@ -23,7 +23,7 @@ from ninfer_runtime.models.weights import (
     MLPWeights,
     MoEWeights,
 )
-from ninfer_runtime.ops.attention import paged_attention, store_kv
+from ninfer_runtime.ops.attention import paged_attention_with_operand, store_kv
 from ninfer_runtime.ops.conv import causal_conv1d_varlen
 from ninfer_runtime.ops.gdn import gated_delta_rule_varlen, gdn_decode, gdn_gating
 from ninfer_runtime.ops.linear import (
@@ -54,9 +54,11 @@ def gated_attention(x: torch.Tensor, w: AttentionWeights, kv: PagedKV, batch: St
     q, gate = q_gate.reshape(n, nq, 2 * hd).chunk(2, dim=-1)  # per head: [q | gate]
     q, k = qk_norm_rope(q, k.reshape(n, nkv, hd), w.q_norm, w.k_norm, *rope, cfg.rms_norm_eps)
     store_kv(k, v.reshape(n, nkv, hd), kv.k, kv.v, kv.k_scale, kv.v_scale, batch.slot_mapping)
-    out = paged_attention(q, kv.k, kv.v, kv.k_scale, kv.v_scale, batch.page_tables,
-                          batch.cu_seqlens, batch.context_lens, hd**-0.5, gate=gate)
-    return linear(out.reshape(n, nq * hd), w.o_proj)
+    # the split merge can write o_proj's decode operand
+    out, operand = paged_attention_with_operand(
+        q, kv.k, kv.v, kv.k_scale, kv.v_scale, batch.page_tables, batch.cu_seqlens,
+        batch.context_lens, hd**-0.5, gate, decode_operand_spec(q.flatten(1), w.o_proj))
+    return linear(out.reshape(n, nq * hd), w.o_proj, operand)
 
 
 def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: StepBatch,

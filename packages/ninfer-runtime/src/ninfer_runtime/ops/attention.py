@@ -21,8 +21,10 @@ of one kv head (GQA packed into the rows, so each K/V tile is read and dequantiz
 the group), walks that sequence's pages in tiles with an online softmax, and dequantizes int8
 tiles in registers. When the grid would be too small to fill the GPU (decode, short chunks),
 each block's context is split over several programs (flash-decoding) whose partial results a
-second kernel merges. Launch shapes depend only on tensor shapes (nothing is read back to the
-host), so both kernels can be captured in a CUDA graph.
+second kernel merges; at decode the merge also writes o_proj's activation operand (the
+decode GEMV's input, `paged_attention_with_operand`), so that GEMV launches no pass of its own.
+Launch shapes depend only on tensor shapes (nothing is read back to the host), so both kernels
+can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch.nn.functional as F
 from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
 from ninfer_runtime.ops.kv_quant import dequantize_int8, quantize_int8
 from ninfer_runtime.ops.launch import dot_precision, options
+from ninfer_runtime.ops.quant_linear import DecodeOperand
 from ninfer_runtime.ops.varlen import num_blocks
 
 try:
@@ -43,6 +46,7 @@ try:
     import triton.language as tl
 
     from ninfer_runtime.ops.kv_quant import dequantize_int8_tile, quantize_int8_tile
+    from ninfer_runtime.ops.quant_decode import store_operand
     from ninfer_runtime.ops.varlen import block_of
 except ImportError:  # the torch references need no Triton
     triton = None
@@ -156,9 +160,28 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if use_triton(q, k_cache, page_tables, cu_seqlens, context_lens) and _kernel_fits(q, k_cache):
         return _paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, page_tables,
                                        cu_seqlens, context_lens, scale, gate, causal=causal,
-                                       window=window)
+                                       window=window)[0]
     return paged_attention_ref(q, k_cache, v_cache, k_scale, v_scale, page_tables, cu_seqlens,
                                context_lens, scale, gate, causal=causal, window=window)
+
+
+def paged_attention_with_operand(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                 k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
+                                 page_tables: torch.Tensor, cu_seqlens: torch.Tensor,
+                                 context_lens: torch.Tensor, scale: float,
+                                 gate: torch.Tensor | None, spec: tuple[int, bool] | None
+                                 ) -> tuple[torch.Tensor, DecodeOperand | None]:
+    """`paged_attention` (causal, no window), and the decode operand of its result read as
+    [N, nq * d] (o_proj's input) of `spec` (group, sums: ops.linear.decode_operand_spec of
+    o_proj, or None), the bits o_proj's own activation pass would make. The split merge
+    writes it, where the kernels run, the context is split and each head holds whole groups
+    (d a multiple of the group); elsewhere it is None (o_proj makes its own)."""
+    if (spec is None or q.shape[-1] % spec[0] != 0 or not _kernel_fits(q, k_cache)
+            or not use_triton(q, k_cache, page_tables, cu_seqlens, context_lens)):
+        return paged_attention(q, k_cache, v_cache, k_scale, v_scale, page_tables, cu_seqlens,
+                               context_lens, scale, gate), None
+    return _paged_attention_triton(q, k_cache, v_cache, k_scale, v_scale, page_tables,
+                                   cu_seqlens, context_lens, scale, gate, operand_spec=spec)
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -477,9 +500,14 @@ if triton is not None:
 
     @triton.jit
     def _merge_splits_kernel(part_out, part_lse, out, stride_ot, stride_oh, gate, stride_gt,
-                             stride_gh, num_heads, NUM_SPLITS: tl.constexpr,
-                             HEAD_DIM: tl.constexpr, HAS_GATE: tl.constexpr, GDC: tl.constexpr):
-        """Program (token, head): the splits' outputs weighted by their share of the softmax."""
+                             stride_gh, xo_ptr, inv_ptr, xsum_ptr, num_tokens, num_heads,
+                             NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                             HAS_GATE: tl.constexpr, OPERAND: tl.constexpr,
+                             GROUP: tl.constexpr, HAS_SUM: tl.constexpr, GDC: tl.constexpr):
+        """Program (token, head): the splits' outputs weighted by their share of the softmax.
+        With OPERAND, also the head's HEAD_DIM / GROUP groups of the decode operand of the
+        output read as [tokens, heads * HEAD_DIM] (`store_operand`, of the rounded output
+        as stored)."""
         wait_for_inputs(GDC)
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
@@ -493,7 +521,13 @@ if triton is not None:
         o = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
         if HAS_GATE:
             o = o * tl.sigmoid(tl.load(gate + t * stride_gt + h * stride_gh + d).to(tl.float32))
-        tl.store(out + t * stride_ot + h * stride_oh + d, o.to(out.dtype.element_ty))
+        o = o.to(out.dtype.element_ty)
+        tl.store(out + t * stride_ot + h * stride_oh + d, o)
+        if OPERAND:
+            rows = t + tl.arange(0, 1)
+            store_operand(o.to(tl.float32)[None, :], rows, rows < num_tokens, h * HEAD_DIM,
+                          num_tokens, num_heads * HEAD_DIM, xo_ptr, inv_ptr, xsum_ptr, GROUP,
+                          HAS_SUM)
 
 
 def _check_cache(cache_: torch.Tensor, scales: torch.Tensor | None) -> None:
@@ -530,9 +564,13 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             context_lens: torch.Tensor, scale: float,
                             gate: torch.Tensor | None = None, *, causal: bool = True,
                             window: int | None = None, num_splits: int | None = None,
-                            min_split_tokens: int = MIN_SPLIT_TOKENS) -> torch.Tensor:
-    """Launches the attention kernel (and the split merge when the context is split).
-    num_splits / min_split_tokens override the plan (tests reach the split path with them)."""
+                            min_split_tokens: int = MIN_SPLIT_TOKENS,
+                            operand_spec: tuple[int, bool] | None = None
+                            ) -> tuple[torch.Tensor, DecodeOperand | None]:
+    """Launches the attention kernel (and the split merge when the context is split): the
+    output and, with `operand_spec` (group, sums) and a split context, its decode operand
+    that the merge writes (`paged_attention_with_operand`), else None. num_splits /
+    min_split_tokens override the plan (tests reach the split path with them)."""
     n, nq, d = q.shape
     _, page_size, nkv, _ = k_cache.shape
     num_seqs = context_lens.shape[0]
@@ -570,10 +608,15 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         ASM=KV_DEQUANT_ASM and q.dtype != torch.float32 and plan.block_m <= DECODE_BLOCK_M,
         **options(q.device),
     )
-    if split:
-        _merge_splits_kernel[(n, nq)](
-            part_out, part_lse, out, out.stride(0), out.stride(1), g, g.stride(0), g.stride(1),
-            nq, NUM_SPLITS=plan.num_splits, HEAD_DIM=d, HAS_GATE=gate is not None,
-            **options(q.device),
-        )
-    return out
+    if not split:
+        return out, None
+    operand = None if operand_spec is None else DecodeOperand.empty(n, nq * d, *operand_spec,
+                                                                    q.device)
+    handed = (operand.xo, operand.inv, operand.xsum) if operand else (out,) * 3  # else unused
+    _merge_splits_kernel[(n, nq)](
+        part_out, part_lse, out, out.stride(0), out.stride(1), g, g.stride(0), g.stride(1),
+        *handed, n, nq, NUM_SPLITS=plan.num_splits, HEAD_DIM=d, HAS_GATE=gate is not None,
+        OPERAND=operand is not None, GROUP=operand.group if operand else d,
+        HAS_SUM=operand is not None and operand.sums, **options(q.device),
+    )
+    return out, operand
