@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ninfer_runtime.ops import moe, quant_linear
-from ninfer_runtime.ops.linear import linear, linear_with_operand
+from ninfer_runtime.ops.linear import linear
 from ninfer_runtime.ops.moe import (
     DECODE_MAX_TOKENS,
     _launch_align,
@@ -227,19 +227,41 @@ def test_route_with_the_shared_expert(tokens: int) -> None:
     torch.testing.assert_close(weights[:, top_k], torch.sigmoid(logits[:, -1].float()))
 
 
+@pytest.mark.parametrize(("tokens", "shared"), [(1, True), (5, False), (16, True)])
+def test_the_router_routes_in_its_last_row_tile(tokens: int, shared: bool) -> None:
+    """`router`: the router's product and routing in one launch give what linear then route
+    give, bit for bit, the same for a token alone as in a batch, and leave its counters at
+    zero; a prompt's rows (and fp32) take linear and route."""
+    experts, hidden = 40, 384  # three row tiles of the skinny kernel, K split in parts
+    x = (torch.randn(tokens, hidden, generator=gen(7)) * 4).to(DEVICE, HALF)
+    w = (torch.randn(experts + shared, hidden, generator=gen(8)) * hidden**-0.5).to(DEVICE, HALF)
+    weights, ids, operand = moe.router(x, w, 4, shared, None)
+    expect = route(linear(x, w), 4, shared)
+    assert operand is None and torch.equal(ids, expect[1]) and torch.equal(weights, expect[0])
+    assert not quant_linear.tile_counters(x.device, 1).any()
+    alone = moe.router(x[-1:], w, 4, shared, None)  # a token's bits whatever its batch
+    assert torch.equal(alone[0], weights[-1:]) and torch.equal(alone[1], ids[-1:])
+    for rows in (x.float(), x.new_zeros(DECODE_MAX_TOKENS + 1, hidden)):
+        weights, ids, operand = moe.router(rows, w.to(rows.dtype), 4, shared, (128, False))
+        expect = route(linear(rows, w.to(rows.dtype)), 4, shared)
+        assert operand is None and torch.equal(ids, expect[1])
+
+
 @pytest.mark.parametrize("scheme", ["nvfp4", "int4"])
 def test_the_router_hands_the_gate_up_stage_its_operand(scheme: str) -> None:
-    """The router's skinny kernel writes x's operand for the tensor-core gate|up stage
-    (`gate_up_operand_spec`, ops.linear.linear_with_operand): the experts' output is the same
-    bit for bit as with the stage's own activation pass; no spec where the stages do not run
-    on tensor cores or the tokens are a prompt's."""
+    """The router's kernel writes x's operand for the tensor-core gate|up stage
+    (`gate_up_operand_spec`): the experts' output is the same bit for bit as with the
+    stage's own activation pass; no spec where the stages do not run on tensor cores or the
+    tokens are a prompt's."""
     hidden, inter = (768, 64) if scheme == "nvfp4" else (384, 128)
-    x, gate_up, down, weights, ids = experts_case(scheme, 3, hidden, inter, HALF)
-    router = (torch.randn(9, hidden, generator=gen(6)) * hidden**-0.5).to(DEVICE, HALF)
+    x, gate_up, down, _, _ = experts_case(scheme, 3, hidden, inter, HALF)
+    w = (torch.randn(8, hidden, generator=gen(6)) * hidden**-0.5).to(DEVICE, HALF)
     spec = moe.gate_up_operand_spec(x, gate_up, down)
     assert spec == (quant_linear.operand_group(gate_up), scheme == "int4")
-    logits, operand = linear_with_operand(x, router, spec)
-    assert operand is not None and torch.equal(logits, linear(x, router))
+    weights, ids, operand = moe.router(x, w, 2, False, spec)
+    expect = quant_linear.activation_operands(x, *spec)
+    assert operand is not None and torch.equal(operand.xo, expect.xo)
+    assert torch.equal(operand.inv, expect.inv) and torch.equal(operand.xsum, expect.xsum)
     assert torch.equal(moe_experts(x, gate_up, down, weights, ids, operand),
                        moe_experts(x, gate_up, down, weights, ids))
     plain = stacked("plain", 8, 2 * inter, hidden, seed=1, dtype=HALF)

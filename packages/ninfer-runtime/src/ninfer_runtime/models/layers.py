@@ -33,7 +33,7 @@ from ninfer_runtime.ops.linear import (
     linear_with_operand,
     silu_mul_linear,
 )
-from ninfer_runtime.ops.moe import gate_up_operand_spec, moe_experts, route
+from ninfer_runtime.ops.moe import gate_up_operand_spec, moe_experts, router
 from ninfer_runtime.ops.norm import (
     add_rms_norm,
     gated_rms_norm,
@@ -111,9 +111,9 @@ def mlp(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
 def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig) -> torch.Tensor:
     """Routed experts (top-k, renormalised) plus the sigmoid-gated shared expert. The router's
     kernel can write x's operand for the experts' gate|up stage."""
-    logits, operand = linear_with_operand(
-        x, w.router_and_gate, gate_up_operand_spec(x, w.experts_gate_up, w.experts_down))
-    weights, ids = route(logits, cfg.num_experts_per_tok, shared=True)
+    weights, ids, operand = router(
+        x, w.router_and_gate, cfg.num_experts_per_tok, True,
+        gate_up_operand_spec(x, w.experts_gate_up, w.experts_down))
     return moe_experts(x, w.experts_gate_up, w.experts_down, weights, ids, operand)
 
 

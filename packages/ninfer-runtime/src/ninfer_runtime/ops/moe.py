@@ -7,7 +7,8 @@ k for expert E with that gate as its weight, so one pass runs routed and shared 
 Each op has a torch reference (`*_ref`, the oracle and the CPU path) and a Triton path
 (ops.dispatch picks):
 
-- `route`: one program per token does softmax (fp32), top-k and the renormalisation.
+- `route`: one program per token does top-k and the softmax renormalised over the k (fp32);
+  at decode sizes the router's own kernel routes instead (`router`), once its logits are in.
 - `moe_experts` at decode sizes (T <= DECODE_MAX_TOKENS): two GEMV launches straight over the
   routed (token, slot) pairs, no sorting. gate|up: a program per (pair, tile of BN
   intermediate columns) reads its expert's BN gate rows and BN up rows once and stores
@@ -47,9 +48,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ninfer_runtime.ops import quant_linear
+from ninfer_runtime.ops import quant_linear, skinny_linear
 from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
 from ninfer_runtime.ops.launch import dot_precision, l2_prefetch, options
+from ninfer_runtime.ops.linear import linear
 from ninfer_runtime.quant import PackedWeight
 
 try:
@@ -171,6 +173,27 @@ def route(router_logits: torch.Tensor, top_k: int, shared: bool = False
     return _launch_route(router_logits, top_k, shared)
 
 
+def router(x: torch.Tensor, w: torch.Tensor, top_k: int, shared: bool,
+           spec: tuple[int, bool] | None
+           ) -> tuple[torch.Tensor, torch.Tensor, quant_linear.DecodeOperand | None]:
+    """route(linear(x, w), top_k, shared) for x [T, H] and the router's weight w [E (+1), H],
+    and x's decode operand of `spec` for the gate|up stage (`gate_up_operand_spec`, or None).
+    At decode sizes one launch (`_router_kernel`: skinny_linear's product, whose last row
+    tile routes) where linear, route and an activation pass were three; elsewhere those ops
+    (the operand None)."""
+    if not (use_triton(x, w) and skinny_linear.applies(x, w)):
+        return (*route(linear(x, w), top_k, shared), None)
+    launch = skinny_linear.Launch.of(x, w.shape[0])
+    weights, ids, constexprs = _routing(x.shape[0], w.shape[0], top_k, shared, x.device)
+    operand = None if spec is None else quant_linear.DecodeOperand.empty(*x.shape, *spec,
+                                                                         x.device)
+    buffers, operand_options = skinny_linear.operand_args(x, operand)
+    _router_kernel[launch.grid](*launch.args(x, w, 1), *buffers, *launch.sizes(x, w), weights,
+                                ids, **operand_options, **constexprs,
+                                **skinny_linear.tile_options(x))
+    return weights, ids, operand
+
+
 def align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
     """`align_ref` in Triton: one launch at decode sizes, three for prompt chunks."""
     if not use_triton(ids):
@@ -268,19 +291,27 @@ def grouped_block_m(pairs: int, num_experts: int) -> int:
     return 16 if mean <= 16 else 32 if mean <= 32 else 64
 
 
+def _routing(t: int, columns: int, top_k: int, shared: bool, device: torch.device
+             ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Unwritten (weights, ids) of `route` for t tokens' `columns` logits, and the routing
+    constexprs of the kernels that write them."""
+    e = columns - shared
+    assert 0 < top_k <= e, f"route: top_k {top_k} of {e} experts"
+    weights = torch.empty((t, top_k + shared), dtype=torch.float32, device=device)
+    ids = torch.empty((t, top_k + shared), dtype=torch.int64, device=device)
+    return weights, ids, {"TOP_K": top_k, "TOP_K_P2": triton.next_power_of_2(top_k),
+                          "BLOCK_E": triton.next_power_of_2(e), "SHARED": shared}
+
+
 def _launch_route(logits: torch.Tensor, top_k: int, shared: bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     assert logits.dim() == 2 and logits.stride(1) == 1, \
         f"route: need [T, E] with contiguous columns, got {tuple(logits.shape)}"
-    t, e = logits.shape[0], logits.shape[1] - shared
-    assert 0 < top_k <= e, f"route: top_k {top_k} of {e} experts"
-    slots = top_k + shared
-    weights = torch.empty((t, slots), dtype=torch.float32, device=logits.device)
-    ids = torch.empty((t, slots), dtype=torch.int64, device=logits.device)
-    block_e = triton.next_power_of_2(e)
-    _route_kernel[(t,)](logits, logits.stride(0), weights, ids, e, TOP_K=top_k,
-                        TOP_K_P2=triton.next_power_of_2(top_k), BLOCK_E=block_e, SHARED=shared,
-                        num_warps=max(1, min(8, block_e // 128)), **options(logits.device))
+    t, columns = logits.shape
+    weights, ids, constexprs = _routing(t, columns, top_k, shared, logits.device)
+    _route_kernel[(t,)](logits, logits.stride(0), weights, ids, columns - shared, **constexprs,
+                        num_warps=max(1, min(8, constexprs["BLOCK_E"] // 128)),
+                        **options(logits.device))
     return weights, ids
 
 
@@ -528,40 +559,80 @@ if triton is not None:
         decode_tile,
         sum_parts,
     )
+    from ninfer_runtime.ops.skinny_linear import skinny_part, write_operand
+
+    @triton.jit
+    def _route_rows(logits, stride_t, weights_out, ids_out, t0, T, num_experts,
+                    BT: tl.constexpr, TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr,
+                    BLOCK_E: tl.constexpr, SHARED: tl.constexpr):
+        """Tokens t0 .. t0 + BT (those below T): the top k of their experts' logits by
+        repeated argmax (the lowest expert id on ties), weighted by their softmax
+        renormalised over the k, exp(z - max) / the k's sum, added in slot order: no sum
+        over all experts (the full softmax's denominator cancels), so that a token's bits do
+        not depend on BT or the tile layout. With SHARED, slot k is expert num_experts
+        weighted by the sigmoid of the logit after the experts'. The logits are read from L2
+        (.cg): the router's other programs may have written them (`_router_kernel`)."""
+        t = t0 + tl.arange(0, BT).to(tl.int64)
+        t_ok = t < T
+        e = tl.arange(0, BLOCK_E)
+        rows = logits + t[:, None] * stride_t
+        work = tl.load(rows + e[None, :], mask=t_ok[:, None] & (e < num_experts)[None, :],
+                       other=float("-inf"), cache_modifier=".cg").to(tl.float32)
+        work = tl.where(t_ok[:, None], work, 0.0)  # rows past T: finite, never stored
+        z_max = tl.max(work, axis=1)
+        slot = tl.arange(0, TOP_K_P2)
+        top = tl.zeros([BT, TOP_K_P2], dtype=tl.float32)
+        top_ids = tl.zeros([BT, TOP_K_P2], dtype=tl.int64)
+        total = tl.zeros([BT], dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            best = tl.max(work, axis=1)
+            idx = tl.min(tl.where(work == best[:, None], e[None, :], BLOCK_E), axis=1)
+            weight = tl.exp(best - z_max)
+            total += weight
+            top = tl.where(slot[None, :] == j, weight[:, None], top)
+            top_ids = tl.where(slot[None, :] == j, idx.to(tl.int64)[:, None], top_ids)
+            work = tl.where(e[None, :] == idx[:, None], float("-inf"), work)
+        out = t[:, None] * (TOP_K + SHARED) + slot[None, :]
+        kept = t_ok[:, None] & (slot < TOP_K)[None, :]
+        tl.store(weights_out + out, top / total[:, None], mask=kept)
+        tl.store(ids_out + out, top_ids, mask=kept)
+        if SHARED:
+            gate = tl.load(rows + num_experts, mask=t_ok[:, None], other=0.0,
+                           cache_modifier=".cg").to(tl.float32)
+            shared_slot = t[:, None] * (TOP_K + 1) + TOP_K
+            tl.store(weights_out + shared_slot, 1.0 / (1.0 + tl.exp(-gate)), mask=t_ok[:, None])
+            tl.store(ids_out + shared_slot, tl.zeros([BT, 1], tl.int64) + num_experts,
+                     mask=t_ok[:, None])
 
     @triton.jit
     def _route_kernel(logits, stride_t, weights_out, ids_out, num_experts,
                       TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr, BLOCK_E: tl.constexpr,
                       SHARED: tl.constexpr, GDC: tl.constexpr):
-        """Token program_id(0): softmax over its experts, top-k by repeated argmax (lowest
-        expert id on ties), the k probabilities renormalised; with SHARED, slot k is expert
-        num_experts weighted by the sigmoid of the logit after the experts'."""
+        """Token program_id(0) of T (`_route_rows`)."""
         wait_for_inputs(GDC)
-        t = tl.program_id(0).to(tl.int64)
-        e = tl.arange(0, BLOCK_E)
-        mask = e < num_experts
-        z = tl.load(logits + t * stride_t + e, mask=mask, other=float("-inf")).to(tl.float32)
-        p = tl.exp(z - tl.max(z, axis=0))
-        p = tl.where(mask, p, 0.0)
-        p = p / tl.sum(p, axis=0)
-        work = tl.where(mask, p, -1.0)  # padding lanes lose to any probability
-        slot = tl.arange(0, TOP_K_P2)
-        top = tl.zeros([TOP_K_P2], dtype=tl.float32)
-        top_ids = tl.zeros([TOP_K_P2], dtype=tl.int64)
-        for j in tl.static_range(TOP_K):
-            best = tl.max(work, axis=0)
-            idx = tl.min(tl.where(work == best, e, BLOCK_E), axis=0)
-            top = tl.where(slot == j, best, top)
-            top_ids = tl.where(slot == j, idx.to(tl.int64), top_ids)
-            work = tl.where(e == idx, -2.0, work)
-        top = top / tl.sum(top, axis=0)
-        out = t * (TOP_K + SHARED) + slot
-        tl.store(weights_out + out, top, mask=slot < TOP_K)
-        tl.store(ids_out + out, top_ids, mask=slot < TOP_K)
-        if SHARED:
-            gate = tl.load(logits + t * stride_t + num_experts).to(tl.float32)
-            tl.store(weights_out + t * (TOP_K + 1) + TOP_K, 1.0 / (1.0 + tl.exp(-gate)))
-            tl.store(ids_out + t * (TOP_K + 1) + TOP_K, num_experts.to(tl.int64))
+        _route_rows(logits, stride_t, weights_out, ids_out, tl.program_id(0),
+                    tl.num_programs(0), num_experts, 1, TOP_K, TOP_K_P2, BLOCK_E, SHARED)
+
+    @triton.jit
+    def _router_kernel(x_ptr, w_ptr, part_ptr, counter_ptr, logits_ptr, xo_ptr, inv_ptr,
+                       xsum_ptr, M, N, K, stride_x, stride_w, split_len, weights_out, ids_out,
+                       OPERAND: tl.constexpr, GROUP: tl.constexpr, HAS_SUM: tl.constexpr,
+                       TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr, BLOCK_E: tl.constexpr,
+                       SHARED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr, GDC: tl.constexpr):
+        """The router's logits by ops.skinny_linear's kernel (`skinny_part`, and x's decode
+        operand with OPERAND), then the last row tile to be finished routes every token
+        (`_route_rows`) and zeroes its counter (the one after the row tiles')."""
+        if skinny_part(x_ptr, w_ptr, part_ptr, counter_ptr, logits_ptr, M, N, K, stride_x,
+                       stride_w, split_len, BM, BN, BK, GDC):
+            tl.debug_barrier()  # the tile's logits are stored before the tiles count it
+            tiles = tl.num_programs(0)
+            if tl.atomic_add(counter_ptr + tiles, 1, sem="acq_rel") == tiles - 1:
+                tl.store(counter_ptr + tiles, 0)
+                _route_rows(logits_ptr, N, weights_out, ids_out, 0, M, N - SHARED, BM, TOP_K,
+                            TOP_K_P2, BLOCK_E, SHARED)
+        if OPERAND:
+            write_operand(x_ptr, stride_x, M, K, xo_ptr, inv_ptr, xsum_ptr, BM, GROUP, HAS_SUM)
 
     @triton.jit
     def _count_pairs(flat_ids, lo, hi, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):

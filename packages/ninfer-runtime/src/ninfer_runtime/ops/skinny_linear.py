@@ -22,6 +22,8 @@ On the H200 (docs/perf.md, fifth run) its tests pass and the 27B in_proj_ba at o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ninfer_runtime.ops import quant_linear
@@ -57,28 +59,66 @@ def k_split(n: int, k: int, device: torch.device) -> tuple[int, int]:
                                 max_splits=_MAX_SPLITS)
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One launch of the skinny kernel (or ops.moe's router built on it) for x [M, K] @ w^T:
+    its output, the K parts' fp32 buffer (the output itself when K is not split), the grid
+    (row tiles, K splits) and the split length."""
+
+    out: torch.Tensor
+    parts: torch.Tensor
+    grid: tuple[int, int]
+    split_len: int
+
+    @classmethod
+    def of(cls, x: torch.Tensor, n: int) -> Launch:
+        m, k = x.shape
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        split_len, splits = k_split(n, k, x.device)
+        parts = out if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32,
+                                                    device=x.device)
+        return cls(out, parts, (triton.cdiv(n, _BN), splits), split_len)
+
+    def args(self, x: torch.Tensor, w: torch.Tensor, counters: int) -> tuple:
+        """The arguments the kernels share, up to the operand buffers, with a counter for each
+        row tile and `counters` more after them."""
+        tiles = self.grid[0]
+        return (x, w, self.parts, quant_linear.tile_counters(x.device, tiles + counters),
+                self.out)
+
+    def sizes(self, x: torch.Tensor, w: torch.Tensor) -> tuple:
+        """The sizes and strides the kernels share, after the operand buffers."""
+        return (*x.shape[:1], w.shape[0], x.shape[1], x.stride(0), w.stride(0), self.split_len)
+
+
+def operand_args(x: torch.Tensor, operand: quant_linear.DecodeOperand | None
+                 ) -> tuple[tuple, dict]:
+    """The operand buffers and constexprs of the kernels' `write_operand` for x [M, K]."""
+    if operand is None:
+        return (x, x, x), {"OPERAND": False, "GROUP": _BK, "HAS_SUM": False}  # unused pointers
+    m, k = x.shape
+    assert operand.xo.shape == (8, m, k // 8) and k % 8 == 0, \
+        f"skinny_linear: an operand of {tuple(operand.xo.shape)} for x {tuple(x.shape)}"
+    return ((operand.xo, operand.inv, operand.xsum),
+            {"OPERAND": True, "GROUP": operand.group, "HAS_SUM": operand.sums})
+
+
+def tile_options(x: torch.Tensor) -> dict:
+    """The tile constexprs and launch options of the kernels for x [M, K]."""
+    return {"BM": quant_linear.decode_rows(x.shape[0]), "BN": _BN, "BK": _BK, "num_warps": 4,
+            **options(x.device)}
+
+
 def skinny_linear(x: torch.Tensor, w: torch.Tensor,
                   operand: quant_linear.DecodeOperand | None = None) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T -> [M, N] in x.dtype, fp32 accumulation (as F.linear). With
     `operand` (unwritten buffers, `DecodeOperand.empty` of x's shape), the same launch writes
     x's decode operand into it, the bits `quant_linear.activation_operands` would make."""
-    m, k = x.shape
-    n = w.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    split_len, splits = k_split(n, k, x.device)
-    tiles = triton.cdiv(n, _BN)
-    parts = out if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32,
-                                                device=x.device)
-    if operand is not None:
-        assert operand.xo.shape == (8, m, k // 8) and k % 8 == 0, \
-            f"skinny_linear: an operand of {tuple(operand.xo.shape)} for x {tuple(x.shape)}"
-    buffers = (operand.xo, operand.inv, operand.xsum) if operand else (x, x, x)  # else unused
-    _skinny_kernel[(tiles, splits)](
-        x, w, parts, quant_linear.tile_counters(x.device, tiles), out, *buffers, m, n, k,
-        x.stride(0), w.stride(0), split_len, BM=quant_linear.decode_rows(m), BN=_BN, BK=_BK,
-        OPERAND=operand is not None, GROUP=operand.group if operand else _BK,
-        HAS_SUM=operand is not None and operand.sums, num_warps=4, **options(x.device))
-    return out
+    launch = Launch.of(x, w.shape[0])
+    buffers, operand_options = operand_args(x, operand)
+    _skinny_kernel[launch.grid](*launch.args(x, w, 0), *buffers, *launch.sizes(x, w),
+                                **operand_options, **tile_options(x))
+    return launch.out
 
 
 if triton is not None:
@@ -101,8 +141,8 @@ if triton is not None:
                        mask=(ks < k_hi)[:, None] & m_ok[None, :], other=0.0)
 
     @triton.jit
-    def _write_operand(x_ptr, stride_x, M, K, xo_ptr, inv_ptr, xsum_ptr, BM: tl.constexpr,
-                       GROUP: tl.constexpr, HAS_SUM: tl.constexpr):
+    def write_operand(x_ptr, stride_x, M, K, xo_ptr, inv_ptr, xsum_ptr, BM: tl.constexpr,
+                      GROUP: tl.constexpr, HAS_SUM: tl.constexpr):
         """x's decode operand, group g by the g-th program in launch order (`store_operand`,
         as `activation_kernel` does it a row at a time: the same bits)."""
         programs = tl.num_programs(0) * tl.num_programs(1)
@@ -117,16 +157,15 @@ if triton is not None:
                           HAS_SUM)
 
     @triton.jit
-    def _skinny_kernel(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, xo_ptr, inv_ptr,
-                       xsum_ptr, M, N, K, stride_x, stride_w, split_len, BM: tl.constexpr,
-                       BN: tl.constexpr, BK: tl.constexpr, OPERAND: tl.constexpr,
-                       GROUP: tl.constexpr, HAS_SUM: tl.constexpr, GDC: tl.constexpr):
-        """out[:, rows of tile pid 0] over K split pid 1 of num_programs(1). The first K tile
-        of the weight (which no kernel of a step writes; most programs have only one) is
-        loaded before the wait for the inputs, so that its DRAM latency passes while the
-        predecessor still runs: 0.3-0.5 us a call on the H200 (docs/perf.md, tenth run).
-        With OPERAND, the first programs also write x's decode operand, after their own
-        part of the product is out (`_write_operand`)."""
+    def skinny_part(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, M, N, K, stride_x, stride_w,
+                    split_len, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    GDC: tl.constexpr):
+        """This program's part of out: rows of tile pid 0 over K split pid 1 of
+        num_programs(1); whether it stored its tile's finished rows (the last part to arrive).
+        The first K tile of the weight (which no kernel of a step writes; most programs have
+        only one) is loaded before the wait for the inputs, so that its DRAM latency passes
+        while the predecessor still runs: 0.3-0.5 us a call on the H200 (docs/perf.md, tenth
+        run)."""
         tile, part, rows, row_ok, ms, m_ok, k_lo, k_hi = split_program(M, N, K, split_len, BM,
                                                                        BN)
         w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
@@ -143,5 +182,16 @@ if triton is not None:
                                 mask, counter_ptr + tile)
         if last:
             tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+        return last
+
+    @triton.jit
+    def _skinny_kernel(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, xo_ptr, inv_ptr,
+                       xsum_ptr, M, N, K, stride_x, stride_w, split_len, OPERAND: tl.constexpr,
+                       GROUP: tl.constexpr, HAS_SUM: tl.constexpr, BM: tl.constexpr,
+                       BN: tl.constexpr, BK: tl.constexpr, GDC: tl.constexpr):
+        """`skinny_part`; with OPERAND, the first programs then write x's decode operand
+        (`write_operand`)."""
+        skinny_part(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, M, N, K, stride_x, stride_w,
+                    split_len, BM, BN, BK, GDC)
         if OPERAND:
-            _write_operand(x_ptr, stride_x, M, K, xo_ptr, inv_ptr, xsum_ptr, BM, GROUP, HAS_SUM)
+            write_operand(x_ptr, stride_x, M, K, xo_ptr, inv_ptr, xsum_ptr, BM, GROUP, HAS_SUM)
