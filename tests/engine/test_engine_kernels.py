@@ -91,7 +91,8 @@ def test_dependent_launches_give_the_tokens_of_plain_launches(
     assert tokens["1"] == tokens["0"]
 
 
-# Where a producer hands the next GEMV its decode operand: the GDN norm's 4 heads of 32 make a
+# Where a producer hands the next GEMV its decode operand: the GDN norm's 4 heads of 32 (the
+# norm kernel's for the prompt, the GDN decode's own for one-token steps) make a
 # groupwise-int operand group (128), not an nvfp4 one (256); in_proj_ba's skinny kernel writes
 # in_proj_qkvz's, the router's the experts' gate|up stage's. The tiny MoE's bf16 router logits
 # tie exactly for a decode token (margins: docs/perf.md, twelfth run), and which expert a tie
@@ -121,7 +122,7 @@ def test_half_steps_give_the_reference_logits(quantized, monkeypatch: pytest.Mon
         steps += [model.logits(model.forward(ids[p:p + 1], p, cache)) for p in (5, 6)]
         return torch.cat(steps)
 
-    handed = {"norm": [], "skinny": []}
+    handed = {"norm": [], "fused norm": [], "skinny": []}
 
     def spy(name: str, producer):
         def call(*args):
@@ -130,13 +131,13 @@ def test_half_steps_give_the_reference_logits(quantized, monkeypatch: pytest.Mon
             return out
         return call
 
-    monkeypatch.setattr(layers, "gated_rms_norm_with_operand",
-                        spy("norm", layers.gated_rms_norm_with_operand))
-    monkeypatch.setattr(layers, "linear_with_operand",
-                        spy("skinny", layers.linear_with_operand))
+    for name, producer in (("norm", "gated_rms_norm_with_operand"),
+                           ("fused norm", "gdn_decode_norm"), ("skinny", "linear_with_operand")):
+        monkeypatch.setattr(layers, producer, spy(name, getattr(layers, producer)))
     triton = run("triton")
-    assert set(handed["norm"]) == {gdn_operand}
-    assert True in handed["skinny"]  # the one-token steps (the prompt's 5 rows too)
+    # the prompt's 5 rows take the norm kernel, the one-token steps the GDN decode's own
+    assert set(handed["norm"]) == set(handed["fused norm"]) == {gdn_operand}
+    assert True in handed["skinny"]
     monkeypatch.setattr(layers, "decode_operand_spec", lambda *args: None)
     monkeypatch.setattr(layers, "gate_up_operand_spec", lambda *args: None)
     handed["skinny"].clear()

@@ -13,22 +13,26 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ninfer_runtime.ops import quant_linear
 from ninfer_runtime.ops.conv import (
     causal_conv1d,
     causal_conv1d_varlen,
     causal_conv1d_varlen_ref,
 )
 from ninfer_runtime.ops.gdn import (
+    OutputNorm,
     _ticket_pool,
     chunk_gated_delta_rule,
     gated_delta_rule_varlen,
     gated_delta_rule_varlen_ref,
     gdn_decode,
+    gdn_decode_norm,
     gdn_decode_ref,
     gdn_gating,
     gdn_gating_ref,
     recurrent_gated_delta_rule,
 )
+from ninfer_runtime.ops.norm import gated_rms_norm
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16
@@ -242,3 +246,40 @@ def test_chunked_is_stable_on_correlated_keys() -> None:
     expected, final = recurrent_gated_delta_rule(**x, state=state[0])
     close(out, expected, tol=CHUNK_TOL)
     close(got[0], final, tol=CHUNK_TOL)
+
+
+@pytest.mark.parametrize(("group", "snapshots"), [(None, False), (64, False), (32, True)])
+def test_decode_applies_the_output_norm(group: int | None, snapshots: bool) -> None:
+    """`gdn_decode_norm`: the decode kernel's last program of each head group normalises the
+    group's heads (gated norm) and writes out_proj's decode operand, the bits of
+    gdn_decode, then gated_rms_norm, then out_proj's own activation pass (group 64: two heads
+    of 32 a group; 32: one), for single tokens and a 3-token segment; with snapshots
+    (speculative verification) every token's state goes to its own slot; the tickets are
+    handed back. No operand where a group would split a program's heads (group 128 of 6
+    heads of 32)."""
+    cu, slots = segments([1, 3, 0, 1], [4, 7, 8, 2])
+    snap = torch.tensor([0, 1, 3, 5, 6], device=DEVICE) if snapshots else None
+    x = decode_inputs(5, HALF)
+    z = rand(5, NV * DV + 8, seed=9, dtype=HALF)[:, 8:].view(5, NV, DV)  # a strided view
+    weight = 1 + rand(DV, seed=10, dtype=HALF) * 0.1
+    spec = None if group is None else (group, group == 32)
+    (normed, operand), conv, states = run_decode(
+        lambda **kw: gdn_decode_norm(**kw, norm=OutputNorm(z, weight, 1e-6, spec)), x, cu,
+        slots, snap)
+    o, ref_conv, ref_states = run_decode(gdn_decode, x, cu, slots, snap)
+    expect = gated_rms_norm(o, z, weight, 1e-6)
+    assert torch.equal(normed, expect)
+    assert torch.equal(conv, ref_conv) and torch.equal(states, ref_states)
+    assert not _ticket_pool(x["mixed_qkv"].device).any()
+    if spec is None:
+        assert operand is None
+        return
+    flat = expect.reshape(5, NV * DV)
+    want = quant_linear.activation_operands(flat, *spec)
+    assert operand is not None and torch.equal(operand.xo, want.xo)
+    assert torch.equal(operand.inv, want.inv)
+    assert not spec[1] or torch.equal(operand.xsum, want.xsum)
+    wide = run_decode(lambda **kw: gdn_decode_norm(**kw, norm=OutputNorm(z, weight, 1e-6,
+                                                                         (128, False))),
+                      x, cu, slots, snap)[0]
+    assert wide[1] is None and torch.equal(wide[0], expect)

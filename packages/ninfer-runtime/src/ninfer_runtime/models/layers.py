@@ -25,7 +25,13 @@ from ninfer_runtime.models.weights import (
 )
 from ninfer_runtime.ops.attention import paged_attention_with_operand, store_kv
 from ninfer_runtime.ops.conv import causal_conv1d_varlen
-from ninfer_runtime.ops.gdn import gated_delta_rule_varlen, gdn_decode, gdn_gating
+from ninfer_runtime.ops.gdn import (
+    OutputNorm,
+    gated_delta_rule_varlen,
+    gdn_decode,
+    gdn_decode_norm,
+    gdn_gating,
+)
 from ninfer_runtime.ops.linear import (
     Weight,
     decode_operand_spec,
@@ -74,11 +80,16 @@ def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: Step
     mixed, z = linear(x, w.in_proj_qkvz, operand).split([cfg.conv_dim, cfg.linear_value_dim],
                                                         dim=-1)
     r, seqs = batch.recurrent_tokens, batch.recurrent_seqs
-    parts = []
-    if r:  # conv, gating and the recurrent update fused in one pass
-        parts.append(gdn_decode(mixed[:r], a[:r], b[:r], w.conv1d, w.A_log, w.dt_bias,
-                                state.conv, state.recurrent, batch.cu_seqlens[:seqs + 1],
-                                batch.state_slots[:seqs], batch.snapshot_slots))
+    # conv, gating and the recurrent update fused in one pass
+    recurrent = (mixed[:r], a[:r], b[:r], w.conv1d, w.A_log, w.dt_bias, state.conv,
+                 state.recurrent, batch.cu_seqlens[:seqs + 1], batch.state_slots[:seqs],
+                 batch.snapshot_slots)
+    if r and r == n:  # decode and verify rows only: the output norm runs in that pass too
+        norm = OutputNorm(z.reshape(n, nv, dv), w.norm, cfg.rms_norm_eps,
+                          decode_operand_spec(z, w.out_proj))
+        out, operand = gdn_decode_norm(*recurrent, norm)
+        return linear(out.reshape(n, nv * dv), w.out_proj, operand)
+    parts = [gdn_decode(*recurrent)] if r else []
     if r < n:
         cu_seqlens = batch.cu_seqlens[seqs:] - r if r else batch.cu_seqlens
         parts.append(_chunked_gdn(mixed[r:], a[r:], b[r:], w, state, cu_seqlens,

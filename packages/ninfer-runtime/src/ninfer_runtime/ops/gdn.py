@@ -22,7 +22,9 @@ Two ops run Triton kernels on the GPU (the references stay the oracle and the CP
   recomputes its k-head's q and k (cheap); the conv window of those shared q/k channels is
   rewritten by whichever of the k-head's programs finishes last (an atomic ticket), so no
   program overwrites it while another still reads it. Optionally the state after every token
-  goes to its own slot (speculative verification).
+  goes to its own slot (speculative verification). `gdn_decode_norm` applies the layer's
+  output norm in the same launch, and writes out_proj's decode operand: the last program of
+  each head group to finish takes the group's heads (a second ticket).
 * `gated_delta_rule_varlen`: the chunked (WY/UT) form in three launches. First, in parallel
   over every (chunk, value head), what does not depend on the state: the chunk's unit
   lower-triangular system inverted blockwise (16x16 diagonal blocks by substitution, then a
@@ -37,6 +39,7 @@ Two ops run Triton kernels on the GPU (the references stay the oracle and the CP
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 
 import torch
@@ -45,6 +48,8 @@ import torch.nn.functional as F
 from ninfer_runtime.ops.conv import causal_conv1d_update, check_conv_args
 from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
 from ninfer_runtime.ops.launch import dot_precision, options
+from ninfer_runtime.ops.norm import gated_rms_norm, operand_heads, rounds_product
+from ninfer_runtime.ops.quant_linear import DecodeOperand
 from ninfer_runtime.ops.varlen import num_blocks
 
 try:
@@ -269,7 +274,39 @@ def gdn_decode(
         return gdn_decode_ref(mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states,
                               states, cu_seqlens, slots, snapshot_slots)
     return _launch_decode(mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states, states,
-                          cu_seqlens, slots, snapshot_slots)
+                          cu_seqlens, slots, snapshot_slots)[0]
+
+
+@dataclass(frozen=True)
+class OutputNorm:
+    """The GDN output norm, for `gdn_decode_norm` to apply in the decode kernel:
+    gated_rms_norm(o, z, weight, eps) with z [N, nv, dv] (a view of in_proj_qkvz's output),
+    and with `spec` (group, sums: ops.linear.decode_operand_spec of out_proj) its decode
+    operand for out_proj."""
+
+    z: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    spec: tuple[int, bool] | None
+
+
+def gdn_decode_norm(
+    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_weight: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, conv_states: torch.Tensor,
+    states: torch.Tensor, cu_seqlens: torch.Tensor, slots: torch.Tensor,
+    snapshot_slots: torch.Tensor | None, norm: OutputNorm,
+) -> tuple[torch.Tensor, DecodeOperand | None]:
+    """gated_rms_norm(gdn_decode(...), norm.z, norm.weight, norm.eps) -> [N, nv, dv], the norm
+    applied by the decode kernel itself (the last program of each head group to finish a
+    token: one launch fewer a GDN layer), and with norm.spec the decode operand of the result
+    read as [N, nv * dv] where the heads make whole groups (else None, as elsewhere: the
+    references, or the Triton norm's bits, which the fused one gives)."""
+    args = (mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states, states, cu_seqlens,
+            slots, snapshot_slots)
+    tensors = [t for t in args if t is not None]
+    if not use_triton(*tensors, norm.z, norm.weight):
+        return gated_rms_norm(gdn_decode(*args), norm.z, norm.weight, norm.eps), None
+    return _launch_decode(*args, norm=norm)
 
 
 def _launch_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
@@ -301,8 +338,10 @@ def _launch_decode(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                    conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                    conv_states: torch.Tensor, states: torch.Tensor, cu_seqlens: torch.Tensor,
                    slots: torch.Tensor, snapshot_slots: torch.Tensor | None,
-                   block_v: int | None = None) -> torch.Tensor:
-    """block_v overrides the column tile (the benchmark compares them); None: `_decode_tile`."""
+                   block_v: int | None = None, norm: OutputNorm | None = None
+                   ) -> tuple[torch.Tensor, DecodeOperand | None]:
+    """(o, None), or with `norm` (the normed o, its operand or None): see `gdn_decode_norm`.
+    block_v overrides the column tile (the benchmark compares them); None: `_decode_tile`."""
     check_conv_args(mixed_qkv, conv_weight, conv_states, cu_seqlens, slots)
     nv, dk, dv = _check_state_pool(states)
     nk = _num_key_heads(mixed_qkv.shape[1], states)
@@ -314,19 +353,39 @@ def _launch_decode(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     if snapshot_slots is not None:
         assert snapshot_slots.shape == (n,) and snapshot_slots.dtype == torch.int64 \
             and snapshot_slots.is_contiguous(), "snapshot_slots is int64 [N]"
-    assert seqs * nk <= _MAX_TICKETS, f"gdn_decode takes at most {_MAX_TICKETS // nk} sequences"
     out = torch.empty(n, nv, dv, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+    normed, operand, heads = out, None, 1  # without the norm: unused
+    z, weight, eps = out, A_log, 0.0
+    if norm is not None:
+        z, weight, eps = norm.z, norm.weight, norm.eps
+        assert z.shape == out.shape and z.stride(2) == 1 and weight.shape == (dv,) \
+            and weight.is_contiguous(), f"gdn_decode_norm: z {tuple(z.shape)}, weight " \
+            f"{tuple(weight.shape)} for o {tuple(out.shape)}"
+        normed = torch.empty_like(out)
+        heads = None if norm.spec is None else operand_heads(nv, dv, norm.spec[0])
+        if heads is not None:
+            operand = DecodeOperand.empty(n, nv * dv, *norm.spec, out.device)
+        heads = heads or 1
+    tickets = _ticket_pool(mixed_qkv.device)
+    assert seqs * (nk + nv) <= _MAX_TICKETS, \
+        f"gdn_decode takes at most {_MAX_TICKETS // (nk + nv)} sequences"
     bv = min(block_v or _decode_tile(seqs, nv, dv, mixed_qkv.device), dv)
     kernel = conv_weight.shape[1]
+    handed = (operand.xo, operand.inv, operand.xsum) if operand else (out,) * 3  # else unused
     _gdn_decode_kernel[(nv * (dv // bv), seqs)](
         mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states, states, out, cu_seqlens,
-        slots, slots if snapshot_slots is None else snapshot_slots,
-        _ticket_pool(mixed_qkv.device), mixed_qkv.stride(0), a.stride(0), b.stride(0),
-        conv_weight.stride(0), *conv_states.stride(), states.stride(0), states.stride(1),
-        out.stride(0), out.stride(1), nk * dk, dk**-0.5, GROUP=nv // nk, DK=dk, DV=dv, BV=bv,
-        K=kernel, KP=triton.next_power_of_2(kernel), HAS_SNAPSHOTS=snapshot_slots is not None,
+        slots, slots if snapshot_slots is None else snapshot_slots, tickets,
+        mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0),
+        *conv_states.stride(), states.stride(0), states.stride(1), out.stride(0),
+        out.stride(1), nk * dk, dk**-0.5, z, z.stride(0), z.stride(1), weight, normed, *handed,
+        tickets[seqs * nk:], n, eps, GROUP=nv // nk, DK=dk, DV=dv, BV=bv, K=kernel,
+        KP=triton.next_power_of_2(kernel), HAS_SNAPSHOTS=snapshot_slots is not None,
+        NORM=norm is not None, NORM_HEADS=heads,
+        ROUND_PRODUCT=norm is not None and rounds_product(weight, out),
+        OPERAND=0 if operand is None else operand.group,
+        OPERAND_SUMS=operand is not None and operand.sums,
         num_warps=max(1, min(_DECODE_WARPS, dk * bv // 512)), **options(mixed_qkv.device))
-    return out
+    return (out, None) if norm is None else (normed, operand)
 
 
 # gdn_decode's tiles: a program owns BV columns of one value head's [dk, dv] state and
@@ -445,6 +504,7 @@ def _fit_dv(configs: list, named_args: dict, **kwargs: object) -> list:
 if triton is not None:
     from ninfer_runtime.ops.conv import conv_silu_at, store_conv_window
     from ninfer_runtime.ops.launch import wait_for_inputs
+    from ninfer_runtime.ops.norm import gated_norm_rows
     from ninfer_runtime.ops.varlen import block_of
 
     @triton.jit
@@ -483,10 +543,19 @@ if triton is not None:
         x_ptr, a_ptr, b_ptr, w_ptr, alog_ptr, dtb_ptr, conv_ptr, states_ptr, o_ptr, cu_ptr,
         slot_ptr, snap_ptr, ticket_ptr, stride_x, stride_a, stride_b, stride_w, stride_cs,
         stride_cc, stride_ck, stride_ss, stride_sh, stride_ot, stride_oh, key_dim, scale,
-        GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-        K: tl.constexpr, KP: tl.constexpr, HAS_SNAPSHOTS: tl.constexpr, GDC: tl.constexpr
+        z_ptr, stride_zt, stride_zh, nw_ptr, normed_ptr, xo_ptr, inv_ptr, xsum_ptr,
+        norm_ticket_ptr, n_tokens, eps, GROUP: tl.constexpr, DK: tl.constexpr,
+        DV: tl.constexpr, BV: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+        HAS_SNAPSHOTS: tl.constexpr, NORM: tl.constexpr, NORM_HEADS: tl.constexpr,
+        ROUND_PRODUCT: tl.constexpr, OPERAND: tl.constexpr, OPERAND_SUMS: tl.constexpr,
+        GDC: tl.constexpr
     ):
         """Program (value head h, column tile, sequence): the [DK, BV] state columns of h.
+
+        With NORM, the output norm too (`gdn_decode_norm`): once a program's columns of o
+        are stored, the last of the NORM_HEADS * DV / BV programs of h's head group to take a
+        ticket normalises the group's heads of every token of the segment
+        (ops.norm.gated_norm_rows, with OPERAND the decode operand of whole groups).
 
         The state tile is loaded first (the only large transfer), stays in registers across
         the segment's tokens and is stored once (or once per token to its snapshot slot).
@@ -562,6 +631,16 @@ if triton is not None:
                 store_conv_window(x_ptr, stride_x, conv_slot, dst, stride_cc, stride_ck, t, lo,
                                   kch, whole_k, K, KP)
             tl.store(counter, 0)
+        if NORM:
+            nv = tl.num_programs(0) // NVB
+            counter = norm_ticket_ptr + seq * (nv // NORM_HEADS) + h // NORM_HEADS
+            if tl.atomic_add(counter, 1, sem="acq_rel") == NORM_HEADS * NVB - 1:
+                tl.store(counter, 0)
+                for t in range(lo, hi):
+                    gated_norm_rows(o_ptr, z_ptr, nw_ptr, normed_ptr, xo_ptr, inv_ptr, xsum_ptr,
+                                    t * nv + h // NORM_HEADS * NORM_HEADS, n_tokens * nv, nv,
+                                    stride_ot, stride_oh, stride_zt, stride_zh, eps, DV,
+                                    ROUND_PRODUCT, OPERAND, OPERAND_SUMS, NORM_HEADS, DV, ".cg")
 
     @triton.jit
     def _unit_lower_inverse(a, C: tl.constexpr, SUB: tl.constexpr, SQUARINGS: tl.constexpr,

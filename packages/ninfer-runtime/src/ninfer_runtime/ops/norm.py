@@ -117,9 +117,24 @@ def gated_rms_norm_with_operand(x: torch.Tensor, z: torch.Tensor, weight: torch.
     None (the GEMV makes its own). Triton only: a decode step's few rows on the GPU."""
     if x.dim() != 3 or z.shape != x.shape:
         raise ValueError(f"gated_rms_norm_with_operand: x {tuple(x.shape)}, z {tuple(z.shape)}")
-    heads, d = x.shape[1], x.shape[2]
-    fits = (d & (d - 1)) == 0 and heads % max(1, group // d) == 0
+    fits = operand_heads(x.shape[1], x.shape[2], group) is not None
     return _launch_gated_rms_norm(x, z, weight, eps, (group, sums) if fits else None)
+
+
+def operand_heads(heads: int, d: int, group: int) -> int | None:
+    """Heads of D inputs that one gated-norm program takes to write whole decode operand groups
+    of `group` inputs (`gated_norm_rows`), or None where the heads cannot make them: D a power
+    of two and heads a multiple of group / D."""
+    per = max(1, group // d)
+    return per if (d & (d - 1)) == 0 and heads % per == 0 else None
+
+
+def rounds_product(weight: torch.Tensor, x: torch.Tensor) -> bool:
+    """`gated_norm_rows`'s ROUND_PRODUCT: whether the reference's w * normed product is in
+    x.dtype (w in it) rather than fp32."""
+    product = torch.promote_types(weight.dtype, x.dtype)
+    assert product in (x.dtype, torch.float32), f"gated_rms_norm weight dtype {weight.dtype}"
+    return product == x.dtype
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -200,22 +215,26 @@ if triton is not None:
         y = x * inv_rms(x, D, eps)[:, None] * w[None, :]
         tl.store(out_ptr + dst, y.to(out_ptr.dtype.element_ty), mask=mask)
 
-    @triton.jit(do_not_specialize=["n_rows"])  # as _rms_norm_kernel
-    def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, xo_ptr, inv_ptr, xsum_ptr, n_rows,
-                               heads, x_st, x_sh, z_st, z_sh, eps, D: tl.constexpr,
-                               ROUND_PRODUCT: tl.constexpr, OPERAND: tl.constexpr,
-                               OPERAND_SUMS: tl.constexpr, BLOCK_R: tl.constexpr,
-                               BLOCK_D: tl.constexpr, GDC: tl.constexpr):
-        """OPERAND (a group size, 0 for none): the decode operand of the output read as
-        [tokens, heads * D] too; a program's BLOCK_R heads are then whole groups of one
-        token (BLOCK_D = D, heads a multiple of BLOCK_R)."""
-        wait_for_inputs(GDC)
-        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    # not inlined: in the GDN decode kernel's epilogue (ops.gdn), inlined, its operand code
+    # took that kernel from 168 to 210 registers a thread at BV 16 (sm_90, Triton 3.6): 2
+    # programs an SM instead of 3; as a call it stays at 168
+    @triton.jit(noinline=True)
+    def gated_norm_rows(x_ptr, z_ptr, w_ptr, out_ptr, xo_ptr, inv_ptr, xsum_ptr, first, n_rows,
+                        heads, x_st, x_sh, z_st, z_sh, eps, D: tl.constexpr,
+                        ROUND_PRODUCT: tl.constexpr, OPERAND: tl.constexpr,
+                        OPERAND_SUMS: tl.constexpr, BLOCK_R: tl.constexpr,
+                        BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
+        """Rows first .. first + BLOCK_R (token * heads + head) of the gated norm of x, z [T,
+        heads, D] views into out [T, heads, D]. OPERAND (a group size, 0 for none): the
+        decode operand of the output read as [tokens, heads * D] too; the BLOCK_R heads are
+        then whole groups of one token (BLOCK_D = D, heads a multiple of BLOCK_R). CACHE: the
+        loads' cache modifier (".cg" where other programs of the launch wrote x)."""
+        rows = first + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_D)
         mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
         dtype = out_ptr.dtype.element_ty
         x = tl.load(x_ptr + row_offsets(rows, heads, x_st, x_sh)[:, None] + cols[None, :],
-                    mask=mask, other=0.0).to(tl.float32)
+                    mask=mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
         z = tl.load(z_ptr + row_offsets(rows, heads, z_st, z_sh)[:, None] + cols[None, :],
                     mask=mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
@@ -227,12 +246,23 @@ if triton is not None:
         dst = rows.to(tl.int64)[:, None] * D + cols[None, :]
         tl.store(out_ptr + dst, y, mask=mask)
         if OPERAND:  # from the stored values, as the GEMV's activation pass would read them
-            first = tl.program_id(0) * BLOCK_R
             tokens = first // heads + tl.arange(0, 1)
             flat = tl.reshape(y.to(tl.float32), (1, BLOCK_R * BLOCK_D))
             store_operand(flat, tokens, tokens < n_rows // heads, (first % heads) * D,
                           n_rows // heads, heads * D, xo_ptr, inv_ptr, xsum_ptr, OPERAND,
                           OPERAND_SUMS)
+
+    @triton.jit(do_not_specialize=["n_rows"])  # as _rms_norm_kernel
+    def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, xo_ptr, inv_ptr, xsum_ptr, n_rows,
+                               heads, x_st, x_sh, z_st, z_sh, eps, D: tl.constexpr,
+                               ROUND_PRODUCT: tl.constexpr, OPERAND: tl.constexpr,
+                               OPERAND_SUMS: tl.constexpr, BLOCK_R: tl.constexpr,
+                               BLOCK_D: tl.constexpr, GDC: tl.constexpr):
+        """Rows block program_id(0) (`gated_norm_rows`)."""
+        wait_for_inputs(GDC)
+        gated_norm_rows(x_ptr, z_ptr, w_ptr, out_ptr, xo_ptr, inv_ptr, xsum_ptr,
+                        tl.program_id(0) * BLOCK_R, n_rows, heads, x_st, x_sh, z_st, z_sh, eps,
+                        D, ROUND_PRODUCT, OPERAND, OPERAND_SUMS, BLOCK_R, BLOCK_D, "")
 
 
 def _launch_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor,
@@ -270,8 +300,6 @@ def _launch_gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tenso
     t, heads, d = x.shape
     assert z.shape == x.shape, f"gated_rms_norm z {z.shape} vs x {x.shape}"
     assert weight.shape == (d,) and weight.is_contiguous(), f"gated_rms_norm weight {weight.shape}"
-    product = torch.promote_types(weight.dtype, x.dtype)
-    assert product in (x.dtype, torch.float32), f"gated_rms_norm weight dtype {weight.dtype}"
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     n_rows = t * heads
     group, sums = operand or (0, False)
@@ -287,6 +315,6 @@ def _launch_gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tenso
     _gated_rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
         x, z, weight, out, *((decode.xo, decode.inv, decode.xsum) if decode else (out,) * 3),
         n_rows, heads, x.stride(0), x.stride(1), z.stride(0), z.stride(1), eps, D=d,
-        ROUND_PRODUCT=product == x.dtype, OPERAND=group, OPERAND_SUMS=sums, BLOCK_R=block_r,
+        ROUND_PRODUCT=rounds_product(weight, x), OPERAND=group, OPERAND_SUMS=sums, BLOCK_R=block_r,
         BLOCK_D=block_d, num_warps=num_warps, **options(x.device))
     return out, decode
