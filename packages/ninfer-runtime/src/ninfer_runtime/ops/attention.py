@@ -610,6 +610,7 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     )
     if not split:
         return out, None
+    assert operand_spec is None or d % operand_spec[0] == 0, "a head must hold whole groups"
     operand = None if operand_spec is None else DecodeOperand.empty(n, nq * d, *operand_spec,
                                                                     q.device)
     handed = (operand.xo, operand.inv, operand.xsum) if operand else (out,) * 3  # else unused

@@ -23,8 +23,8 @@ Each op has a torch reference (`*_ref`, the oracle and the CPU path) and a Trito
   on its pair's expert, and the K parts and a token's pairs are added in-kernel by the last
   program to arrive, in a fixed order. The gate|up stage also writes the down stage's
   activation operand (the last column tile of each operand group to be stored writes that
-  group), and the router's kernel writes gate|up's (ops.linear.linear_with_operand): neither
-  stage launches an activation pass.
+  group), and the router's kernel writes gate|up's (`router`): neither stage launches an
+  activation pass.
 - `moe_experts` for prompts: the T*k pairs are sorted by expert into blocks of BLOCK_M rows
   (`align`: every block belongs to one expert; an expert's last block is padded with a
   sentinel), then two grouped GEMMs run over the blocks: gate|up with SiLU-and-mul fused into
@@ -217,9 +217,8 @@ def moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
 def gate_up_operand_spec(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight
                          ) -> tuple[int, bool] | None:
     """(group, sums) of the decode operand the gate|up stage on tensor cores makes of x [T,
-    H] (quant_linear.DecodeOperand), for a kernel that reads x beside it (the router,
-    ops.linear.linear_with_operand) to write; None where `moe_experts` would not run that
-    stage."""
+    H] (quant_linear.DecodeOperand), for the kernel that reads x beside it (`router`) to
+    write; None where `moe_experts` would not run that stage."""
     if (x.dim() != 2 or not 0 < x.shape[0] <= DECODE_MAX_TOKENS
             or not _tensor_cores(x, gate_up) or not _kernels(x, gate_up, down)):
         return None

@@ -88,7 +88,7 @@ class Launch:
 
     def sizes(self, x: torch.Tensor, w: torch.Tensor) -> tuple:
         """The sizes and strides the kernels share, after the operand buffers."""
-        return (*x.shape[:1], w.shape[0], x.shape[1], x.stride(0), w.stride(0), self.split_len)
+        return x.shape[0], w.shape[0], x.shape[1], x.stride(0), w.stride(0), self.split_len
 
 
 def operand_args(x: torch.Tensor, operand: quant_linear.DecodeOperand | None
