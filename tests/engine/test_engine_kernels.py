@@ -94,9 +94,10 @@ def test_dependent_launches_give_the_tokens_of_plain_launches(
 # Where a producer hands the next GEMV its decode operand: the GDN norm's 4 heads of 32 (the
 # norm kernel's for the prompt, the GDN decode's own for one-token steps) make a
 # groupwise-int operand group (128), not an nvfp4 one (256); in_proj_ba's skinny kernel writes
-# in_proj_qkvz's, the router's the experts' gate|up stage's. The tiny MoE's bf16 router logits
-# tie exactly for a decode token (margins: docs/perf.md, twelfth run), and which expert a tie
-# picks is the kernel's choice: the MoE is checked against itself only.
+# in_proj_qkvz's, the router's the experts' gate|up stage's, the dense gate|up GEMV down's.
+# The tiny MoE's bf16 router logits tie exactly for a decode token (margins: docs/perf.md,
+# twelfth run), and which expert a tie picks is the kernel's choice: the MoE is checked
+# against itself only.
 @pytest.mark.parametrize(("kind", "weights", "gdn_operand", "against_reference"),
                          [("dense", "nvfp4", False, True), ("dense", "groupwise-int", True, True),
                           ("moe", "nvfp4", False, False)])
@@ -122,26 +123,30 @@ def test_half_steps_give_the_reference_logits(quantized, monkeypatch: pytest.Mon
         steps += [model.logits(model.forward(ids[p:p + 1], p, cache)) for p in (5, 6)]
         return torch.cat(steps)
 
-    handed = {"norm": [], "fused norm": [], "skinny": []}
+    handed = {"norm": [], "fused norm": [], "skinny": [], "swiglu": []}
 
     def spy(name: str, producer):
         def call(*args):
             out = producer(*args)
-            handed[name].append(out[-1] is not None)
+            handed[name].append(out is not None and out[-1] is not None)
             return out
         return call
 
     for name, producer in (("norm", "gated_rms_norm_with_operand"),
-                           ("fused norm", "gdn_decode_norm"), ("skinny", "linear_with_operand")):
+                           ("fused norm", "gdn_decode_norm"), ("skinny", "linear_with_operand"),
+                           ("swiglu", "swiglu_with_operand")):
         monkeypatch.setattr(layers, producer, spy(name, getattr(layers, producer)))
     triton = run("triton")
     # the prompt's 5 rows take the norm kernel, the one-token steps the GDN decode's own
     assert set(handed["norm"]) == set(handed["fused norm"]) == {gdn_operand}
     assert True in handed["skinny"]
+    assert (True in handed["swiglu"]) == (kind == "dense")  # the MoE has no dense MLP
     monkeypatch.setattr(layers, "decode_operand_spec", lambda *args: None)
     monkeypatch.setattr(layers, "gate_up_operand_spec", lambda *args: None)
     handed["skinny"].clear()
-    assert torch.equal(run("triton"), triton) and not any(handed["skinny"])
+    handed["swiglu"].clear()
+    assert torch.equal(run("triton"), triton)
+    assert not any(handed["skinny"]) and not any(handed["swiglu"])
     if against_reference:
         ref = run("ref")
         tol = 4e-2 if dtype == torch.bfloat16 else 1e-2

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ninfer_runtime.models.layers import gated_norm
 from ninfer_runtime.ops import quant_linear
 from ninfer_runtime.ops.activation import silu_and_mul
-from ninfer_runtime.ops.linear import linear, select, silu_mul_linear
+from ninfer_runtime.ops.linear import linear, select, silu_mul_linear, swiglu_with_operand
 from ninfer_runtime.ops.norm import gated_rms_norm, gated_rms_norm_with_operand
 from ninfer_runtime.quant import PackedWeight, get_scheme
 
@@ -424,3 +424,30 @@ def test_the_gdn_norm_hands_out_proj_the_operand_of_a_decode_gemv_only() -> None
                  (many, many, gamma, w)):
         out, operand = gated_norm(*args[:3], 1e-6, args[3])
         assert operand is None and torch.equal(out, gated_rms_norm(*args[:3], 1e-6))
+
+
+@pytest.mark.parametrize(("scheme", "inter", "m"), [("nvfp4", 320, 1), ("nvfp4", 512, 3),
+                                                    ("groupwise-int", 384, 2)])
+def test_the_gate_up_gemv_hands_the_down_gemv_its_operand(scheme: str, inter: int,
+                                                           m: int) -> None:
+    """`swiglu_with_operand`: the gate|up decode GEMV pairing each gate row tile with its up
+    rows gives silu_and_mul of its plain product, bit for bit, and the down projection's
+    operand of it, the bits that GEMV's own activation pass makes (nvfp4 320: a last group
+    of fewer column tiles; its counters end at zero); nothing for prompts or plain weights."""
+    gate_up = packed(scheme, 2 * inter, 256)
+    down = packed(scheme, 96, inter, seed=1)
+    x = rand(m, 256, dtype=HALF) * 4
+    spec = (quant_linear.operand_group(down), quant_linear.needs_group_sums(down))
+    fused = swiglu_with_operand(x, gate_up, spec)
+    assert fused is not None
+    hidden, operand = fused
+    assert torch.equal(hidden, silu_and_mul(linear(x, gate_up)))
+    expect = quant_linear.activation_operands(hidden, *spec)
+    assert torch.equal(operand.xo, expect.xo) and torch.equal(operand.inv, expect.inv)
+    assert not spec[1] or torch.equal(operand.xsum, expect.xsum)
+    assert not quant_linear.tile_counters(x.device, 1).any()
+    assert torch.equal(linear(hidden, down, operand), silu_mul_linear(linear(x, gate_up), down))
+    plain = rand(2 * inter, 256, dtype=HALF)
+    for args in ((x, plain, spec), (x, gate_up, None),
+                 (rand(quant_linear.SKINNY_MAX_M + 1, 256, dtype=HALF), gate_up, spec)):
+        assert swiglu_with_operand(*args) is None

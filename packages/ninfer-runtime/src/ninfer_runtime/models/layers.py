@@ -38,6 +38,7 @@ from ninfer_runtime.ops.linear import (
     linear,
     linear_with_operand,
     silu_mul_linear,
+    swiglu_with_operand,
 )
 from ninfer_runtime.ops.moe import gate_up_operand_spec, moe_experts, router
 from ninfer_runtime.ops.norm import (
@@ -115,8 +116,14 @@ def _chunked_gdn(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, w: GDNWe
 
 
 def mlp(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
-    """SwiGLU MLP: down(silu(gate(x)) * up(x))."""
-    return silu_mul_linear(linear(x, w.gate_up_proj), w.down_proj)
+    """SwiGLU MLP: down(silu(gate(x)) * up(x)). At decode the gate|up GEMV can hand the SiLU
+    product on as the down GEMV's operand (x stands in for that product's rows in the spec:
+    the same rows, dtype and device)."""
+    fused = swiglu_with_operand(x, w.gate_up_proj, decode_operand_spec(x, w.down_proj))
+    if fused is None:
+        return silu_mul_linear(linear(x, w.gate_up_proj), w.down_proj)
+    hidden, operand = fused
+    return linear(hidden, w.down_proj, operand)
 
 
 def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig) -> torch.Tensor:

@@ -73,6 +73,23 @@ def linear_with_operand(x: torch.Tensor, w: Weight, spec: tuple[int, bool] | Non
     return out.view(*x.shape[:-1], w.shape[0]), operand
 
 
+def swiglu_with_operand(x: torch.Tensor, w: Weight, spec: tuple[int, bool] | None
+                        ) -> tuple[torch.Tensor, quant_linear.DecodeOperand] | None:
+    """(silu_and_mul(linear(x, w)), its decode operand of `spec`) for a fused [gate | up]
+    weight w, from one launch of the decode GEMV (`quant_linear.swiglu_decode`), where w
+    takes that GEMV and `spec` is the down projection's (`decode_operand_spec`); else None
+    (the caller runs linear, then `silu_mul_linear`)."""
+    rows = x.reshape(-1, x.shape[-1])
+    if (spec is None or rows.stride(-1) != 1 or not quant_linear.decodes(rows)
+            or not _packed_kernels(x, w)):
+        return None
+    fused = quant_linear.swiglu_decode(rows, w, spec)
+    if fused is None:
+        return None
+    hidden, operand = fused
+    return hidden.view(*x.shape[:-1], hidden.shape[-1]), operand
+
+
 def silu_mul_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     """linear(silu_and_mul(x), w) for x [..., 2I] ([gate | up]) and w [out, I]. A decode
     step's few rows through a packed weight take the SiLU in the GEMV's activation pass: one

@@ -24,8 +24,10 @@ Kernels:
   first scaled to fp16 and laid out by code position, once per call
   (`quant_decode.activation_kernel`: xo[j, m, w] = x[m, 8w + j] times a power of two per K
   tile, undone after the tile's dot; for a down projection it applies the MLP's SiLU too,
-  `linear.silu_mul_linear`; after the GDN output norm that norm's kernel writes it,
-  `DecodeOperand`), so the K loop only streams weights, decodes them and multiplies. A
+  `linear.silu_mul_linear`; where the kernel before the GEMV can write it, that kernel does,
+  `DecodeOperand`: the GDN norm, skinny_linear, the attention merge, and this kernel itself
+  for the down projection after a gate|up GEMV, `swiglu_decode`), so the K loop only
+  streams weights, decodes them and multiplies. A
   program owns BN output rows and one split of K; every M runs on tensor cores, rows padded
   to 8 or 16 (`decode_rows`; a GEMV is bound by decoding, not by the MMA). Per
   code position j, W_j [BN, BK/8] @ xo[j]^T, the weight the MMA's A operand held in
@@ -376,6 +378,30 @@ def decode_candidates(n: int, k: int, scheme: int, device: torch.device) -> list
     return [DecodePlan(c, *split) for c in configs for split in splits]
 
 
+def swiglu_decode(x: torch.Tensor, w: PackedWeight, spec: tuple[int, bool]
+                  ) -> tuple[torch.Tensor, DecodeOperand] | None:
+    """silu_and_mul(x @ dequantize(w)^T) for a decode step's x [M, K] and a fused [gate | up]
+    weight w [2I, K], and its decode operand of `spec` (group, sums: the down projection's)
+    from the same launch: a program pairs BN/2 gate rows with their BN/2 up rows, stores
+    their SiLU product, and the last column tile of each operand group to be stored writes
+    that group (`_hand_on_swiglu`). The down GEMV then runs no activation pass. None where
+    the tuned tile cannot pair whole groups (the caller takes linear, then silu_mul_linear)."""
+    ops = _operands(w)
+    n, k = w.shape
+    assert decodes(x) and x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1 and n % 2 == 0
+    m, inter = x.shape[0], n // 2
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    plan = tuned_plan(_decode_plans, _decode_key(n, k, ops.layout, x),
+                      lambda: decode_candidates(n, k, ops.layout.scheme, x.device),
+                      lambda c: _run_decode(x, ops, out, c), x.device)
+    if spec[0] % (plan.config.bn // 2) != 0:
+        return None
+    hidden = torch.empty((m, inter), dtype=x.dtype, device=x.device)
+    operand = DecodeOperand.empty(m, inter, *spec, x.device)
+    _run_decode(x, ops, out, plan, hand_on=(hidden, operand))
+    return hidden, operand
+
+
 def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool,
                    operand: DecodeOperand | None = None) -> None:
     """The decode kernel with the plan tuned for this weight shape and row tile: every
@@ -469,7 +495,9 @@ def activation_operands(x: torch.Tensor, group: int, group_sums: bool, swiglu: b
 
 
 def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: DecodePlan,
-                swiglu: bool = False, operand: DecodeOperand | None = None) -> None:
+                swiglu: bool = False, operand: DecodeOperand | None = None,
+                hand_on: tuple[torch.Tensor, DecodeOperand] | None = None) -> None:
+    """hand_on (`swiglu_decode`): the SiLU product's buffer [M, N/2] and its operand's."""
     m, n, k = x.shape[0], out.shape[1], ops.words.shape[1] * 8
     c = plan.config
     if operand is None:
@@ -478,12 +506,18 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
         assert not swiglu, "a norm's operand is of x, not of silu_and_mul(x)"
     assert operand.group == c.bk, "a decode operand of another K tile"
     tiles = triton.cdiv(n, c.bn)
-    counters = tile_counters(x.device, tiles)
+    hidden, handed = hand_on or (out, None)
+    groups = 0 if handed is None else triton.cdiv(n // 2, handed.group)
+    counters = tile_counters(x.device, tiles + groups)  # row tiles', then operand groups'
     parts = out if plan.splits == 1 else torch.empty((plan.splits, m, n), dtype=torch.float32,
                                                      device=x.device)
+    buffers = (out,) * 3 if handed is None else (handed.xo, handed.inv, handed.xsum)
     _decode_kernel[(tiles, plan.splits)](
         operand.xo, operand.inv, operand.xsum, ops.words, ops.scale, ops.zero, ops.gscale,
-        parts, counters, out, m, n, k, ops.words.stride(0), ops.scale.stride(0), plan.split_len,
+        parts, counters, out, hidden, *buffers, counters[tiles:], m, n, k, ops.words.stride(0),
+        ops.scale.stride(0), plan.split_len, HAND_ON=handed is not None,
+        OUT_GROUP=c.bn if handed is None else handed.group,
+        OUT_SUMS=handed is not None and handed.sums,
         PREFETCH=prefetches(ops.words, k, plan.split_len),
         **decode_tile_args(ops.layout, c, k, m), **options(x.device))
 
@@ -552,8 +586,14 @@ def _configs(space: list[tuple[dict, int, int]], interpret: tuple[dict, int, int
 
 
 if triton is not None:
+    from ninfer_runtime.ops.activation import silu_mul
     from ninfer_runtime.ops.launch import prefetch_to_l2, wait_for_inputs
-    from ninfer_runtime.ops.quant_decode import activation_kernel, int_operands, nv_operands
+    from ninfer_runtime.ops.quant_decode import (
+        activation_kernel,
+        int_operands,
+        nv_operands,
+        store_operand,
+    )
 
     _NVFP4 = tl.constexpr(_NVFP4_ID)
     # nvfp4 power-of-two offsets of the fp32 decoder (see the module docstring): decoded
@@ -790,33 +830,76 @@ if triton is not None:
     def _finish_tile(acc, part, parts, part_ptr, counter_ptr, g_ptr, out_ptr, rows, row_ok, ms,
                      m_ok, M, N, SCHEME: tl.constexpr):
         """A row tile's part `part` of `parts` (acc [BM, BN], operand offsets undone) into
-        out [M, N] (`sum_parts`), with the nvfp4 global scale, in out's dtype."""
+        out [M, N] (`sum_parts`), with the nvfp4 global scale, in out's dtype: whether this
+        program stored the tile, and what it stored (zeros where it did not)."""
         mask = m_ok[:, None] & row_ok[None, :]
         offs = ms.to(tl.int64)[:, None] * N + rows[None, :]
         last, total = sum_parts(acc, part, parts, part_ptr, offs, M * N, mask, counter_ptr)
+        stored = tl.zeros(acc.shape, out_ptr.dtype.element_ty)
         if last:
-            _store_output(total, g_ptr, out_ptr + offs, rows, row_ok, mask, SCHEME)
+            stored = _store_output(total, g_ptr, out_ptr + offs, rows, row_ok, mask, SCHEME)
+        return last, stored
 
     @triton.jit
     def _store_output(acc, g_ptr, out, rows, row_ok, mask, SCHEME: tl.constexpr):
-        """out = acc [BM, BN] times the nvfp4 global scale of each row, in out's dtype."""
+        """out = acc [BM, BN] times the nvfp4 global scale of each row, in out's dtype; the
+        stored values."""
         if SCHEME == _NVFP4:
             acc = acc * tl.load(g_ptr + rows, mask=row_ok, other=0.0)[None, :]
-        tl.store(out, acc.to(out.dtype.element_ty), mask=mask)
+        stored = acc.to(out.dtype.element_ty)
+        tl.store(out, stored, mask=mask)
+        return stored
+
+    @triton.jit
+    def _hand_on_swiglu(y, tile, ms, m_ok, M, inter, hidden_ptr, xo_ptr, inv_ptr, xsum_ptr,
+                        ticket_ptr, GROUP: tl.constexpr, HAS_SUM: tl.constexpr):
+        """y [BM, BN]: a stored tile of [gate | up] rows (BN/2 gate rows of columns tile * BN/2
+        on, then their up rows). Stores silu(gate) * up into hidden [M, inter] (as
+        silu_and_mul rounds it); the last of the tiles of its operand group to get here
+        writes that group of hidden's decode operand (`store_operand`, the bits the down
+        GEMV's own activation pass makes) and zeroes the group's counter."""
+        BM: tl.constexpr = y.shape[0]
+        HALF: tl.constexpr = y.shape[1] // 2
+        gate, up = tl.split(tl.permute(tl.reshape(y.to(tl.float32), (BM, 2, HALF)), (0, 2, 1)))
+        cols = tile * HALF + tl.arange(0, HALF)
+        tl.store(hidden_ptr + ms.to(tl.int64)[:, None] * inter + cols[None, :],
+                 silu_mul(gate, up, hidden_ptr.dtype.element_ty),
+                 mask=m_ok[:, None] & (cols < inter)[None, :])
+        PER: tl.constexpr = GROUP // HALF
+        g = tile // PER
+        tl.debug_barrier()  # every thread's columns are stored before the group counts them
+        arrivals = tl.minimum(PER, tl.cdiv(inter, HALF) - g * PER)
+        if tl.atomic_add(ticket_ptr + g, 1, sem="acq_rel") == arrivals - 1:
+            tl.store(ticket_ptr + g, 0)
+            ks = g * GROUP + tl.arange(0, GROUP)
+            h = tl.load(hidden_ptr + ms.to(tl.int64)[:, None] * inter + ks[None, :],
+                        mask=m_ok[:, None] & (ks < inter)[None, :], other=0.0,
+                        cache_modifier=".cg").to(tl.float32)
+            store_operand(h, ms, m_ok, g * GROUP, M, inter, xo_ptr, inv_ptr, xsum_ptr, GROUP,
+                          HAS_SUM)
 
     @triton.jit
     def _decode_kernel(xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, g_ptr, part_ptr,
-                       counter_ptr, out_ptr, M, N, K, stride_w, stride_s, split_len,
+                       counter_ptr, out_ptr, hidden_ptr, hxo_ptr, hinv_ptr, hxsum_ptr,
+                       ticket_ptr, M, N, K, stride_w, stride_s, split_len,
                        SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
                        ASM: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, DOTS: tl.constexpr, PREFETCH: tl.constexpr,
-                       GDC: tl.constexpr):
+                       BK: tl.constexpr, DOTS: tl.constexpr, HAND_ON: tl.constexpr,
+                       OUT_GROUP: tl.constexpr, OUT_SUMS: tl.constexpr,
+                       PREFETCH: tl.constexpr, GDC: tl.constexpr):
         """out[:, rows of tile pid 0] from the activation operands of `activation_kernel`,
         over K split pid 1 of num_programs(1) (`_finish_tile` adds the splits). PREFETCH:
-        the program's first codes are requested into L2 before anything else."""
+        the program's first codes are requested into L2 before anything else. HAND_ON
+        (`swiglu_decode`): a tile's rows are BN/2 gate rows and their up rows N/2 later, and
+        the program that stores it hands the SiLU product on (`_hand_on_swiglu`)."""
         tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
         tile, pid_k, rows, row_ok, ms, m_ok, k_lo, k_hi = split_program(M, N, K, split_len,
                                                                         BM, BN)
+        if HAND_ON:
+            i = tl.arange(0, BN)
+            cols = tile * (BN // 2) + i % (BN // 2)
+            rows = cols + (i // (BN // 2)) * (N // 2)
+            row_ok = cols < N // 2
         if PREFETCH:
             row = tl.minimum(rows, N - 1).to(tl.int64)
             prefetch_to_l2(w_ptr + row * stride_w + k_lo // 8, (k_hi - k_lo) // 2)
@@ -829,9 +912,13 @@ if triton is not None:
             acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr,
                               rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_w,
                               stride_s, SCHEME, WPS, ASM, EVEN_K, BK, DOTS)
-        _finish_tile(decode_result(acc, SCHEME), pid_k,
-                     tl.num_programs(1), part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows,
-                     row_ok, ms, m_ok, M, N, SCHEME)
+        last, stored = _finish_tile(decode_result(acc, SCHEME), pid_k, tl.num_programs(1),
+                                    part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows, row_ok,
+                                    ms, m_ok, M, N, SCHEME)
+        if HAND_ON:  # noqa: SIM102 (a constexpr: no code for it when off)
+            if last:
+                _hand_on_swiglu(stored, tile, ms, m_ok, M, N // 2, hidden_ptr, hxo_ptr,
+                                hinv_ptr, hxsum_ptr, ticket_ptr, OUT_GROUP, OUT_SUMS)
 
     @triton.jit
     def _gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_x, stride_w,
