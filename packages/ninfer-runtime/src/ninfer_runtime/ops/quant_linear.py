@@ -830,41 +830,46 @@ if triton is not None:
     def _finish_tile(acc, part, parts, part_ptr, counter_ptr, g_ptr, out_ptr, rows, row_ok, ms,
                      m_ok, M, N, SCHEME: tl.constexpr):
         """A row tile's part `part` of `parts` (acc [BM, BN], operand offsets undone) into
-        out [M, N] (`sum_parts`), with the nvfp4 global scale, in out's dtype: whether this
-        program stored the tile, and what it stored (zeros where it did not)."""
+        out [M, N] (`sum_parts`), with the nvfp4 global scale, in out's dtype; whether this
+        program stored the tile (the last part to arrive)."""
         mask = m_ok[:, None] & row_ok[None, :]
         offs = ms.to(tl.int64)[:, None] * N + rows[None, :]
         last, total = sum_parts(acc, part, parts, part_ptr, offs, M * N, mask, counter_ptr)
-        stored = tl.zeros(acc.shape, out_ptr.dtype.element_ty)
         if last:
-            stored = _store_output(total, g_ptr, out_ptr + offs, rows, row_ok, mask, SCHEME)
-        return last, stored
+            _store_output(total, g_ptr, out_ptr + offs, rows, row_ok, mask, SCHEME)
+        return last
 
     @triton.jit
     def _store_output(acc, g_ptr, out, rows, row_ok, mask, SCHEME: tl.constexpr):
-        """out = acc [BM, BN] times the nvfp4 global scale of each row, in out's dtype; the
-        stored values."""
+        """out = acc [BM, BN] times the nvfp4 global scale of each row, in out's dtype."""
         if SCHEME == _NVFP4:
             acc = acc * tl.load(g_ptr + rows, mask=row_ok, other=0.0)[None, :]
-        stored = acc.to(out.dtype.element_ty)
-        tl.store(out, stored, mask=mask)
-        return stored
+        tl.store(out, acc.to(out.dtype.element_ty), mask=mask)
 
-    @triton.jit
-    def _hand_on_swiglu(y, tile, ms, m_ok, M, inter, hidden_ptr, xo_ptr, inv_ptr, xsum_ptr,
-                        ticket_ptr, GROUP: tl.constexpr, HAS_SUM: tl.constexpr):
-        """y [BM, BN]: a stored tile of [gate | up] rows (BN/2 gate rows of columns tile * BN/2
-        on, then their up rows). Stores silu(gate) * up into hidden [M, inter] (as
-        silu_and_mul rounds it); the last of the tiles of its operand group to get here
-        writes that group of hidden's decode operand (`store_operand`, the bits the down
-        GEMV's own activation pass makes) and zeroes the group's counter."""
-        BM: tl.constexpr = y.shape[0]
-        HALF: tl.constexpr = y.shape[1] // 2
-        gate, up = tl.split(tl.permute(tl.reshape(y.to(tl.float32), (BM, 2, HALF)), (0, 2, 1)))
+    # not inlined, as ops.norm.gated_norm_rows (so it takes no tensors: it reads the tile back):
+    # inlined, it took the default nvfp4 config from 168 to 182 registers, 3 programs an SM to 2
+    @triton.jit(noinline=True)
+    def _hand_on_swiglu(out_ptr, hidden_ptr, xo_ptr, inv_ptr, xsum_ptr, ticket_ptr, tile, M, N,
+                        BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr,
+                        HAS_SUM: tl.constexpr):
+        """Once the program stored row tile `tile` of out [M, N] = [gate | up] (BN/2 gate rows
+        of columns tile * BN/2 on, then their up rows N/2 later): stores silu(gate) * up into
+        hidden [M, N/2] (as silu_and_mul rounds it); the last of the tiles of its operand
+        group to get here writes that group of hidden's decode operand (`store_operand`, the
+        bits the down GEMV's own activation pass makes) and zeroes the group's counter."""
+        HALF: tl.constexpr = BN // 2
+        inter = N // 2
+        ms = tl.arange(0, BM)
+        m_ok = ms < M
         cols = tile * HALF + tl.arange(0, HALF)
+        mask = m_ok[:, None] & (cols < inter)[None, :]
+        gate_ptrs = out_ptr + ms.to(tl.int64)[:, None] * N + cols[None, :]
+        tl.debug_barrier()  # the tile's stores are in before its threads read them back
+        gate = tl.load(gate_ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        up = tl.load(gate_ptrs + inter, mask=mask, other=0.0,
+                     cache_modifier=".cg").to(tl.float32)
         tl.store(hidden_ptr + ms.to(tl.int64)[:, None] * inter + cols[None, :],
-                 silu_mul(gate, up, hidden_ptr.dtype.element_ty),
-                 mask=m_ok[:, None] & (cols < inter)[None, :])
+                 silu_mul(gate, up, hidden_ptr.dtype.element_ty), mask=mask)
         PER: tl.constexpr = GROUP // HALF
         g = tile // PER
         tl.debug_barrier()  # every thread's columns are stored before the group counts them
@@ -912,13 +917,13 @@ if triton is not None:
             acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr,
                               rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_w,
                               stride_s, SCHEME, WPS, ASM, EVEN_K, BK, DOTS)
-        last, stored = _finish_tile(decode_result(acc, SCHEME), pid_k, tl.num_programs(1),
-                                    part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows, row_ok,
-                                    ms, m_ok, M, N, SCHEME)
+        last = _finish_tile(decode_result(acc, SCHEME), pid_k, tl.num_programs(1), part_ptr,
+                            counter_ptr + tile, g_ptr, out_ptr, rows, row_ok, ms, m_ok, M, N,
+                            SCHEME)
         if HAND_ON:  # noqa: SIM102 (a constexpr: no code for it when off)
             if last:
-                _hand_on_swiglu(stored, tile, ms, m_ok, M, N // 2, hidden_ptr, hxo_ptr,
-                                hinv_ptr, hxsum_ptr, ticket_ptr, OUT_GROUP, OUT_SUMS)
+                _hand_on_swiglu(out_ptr, hidden_ptr, hxo_ptr, hinv_ptr, hxsum_ptr, ticket_ptr,
+                                tile, M, N, BM, BN, OUT_GROUP, OUT_SUMS)
 
     @triton.jit
     def _gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_x, stride_w,
