@@ -85,18 +85,17 @@ def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: Step
     recurrent = (mixed[:r], a[:r], b[:r], w.conv1d, w.A_log, w.dt_bias, state.conv,
                  state.recurrent, batch.cu_seqlens[:seqs + 1], batch.state_slots[:seqs],
                  batch.snapshot_slots)
+    heads_z = z.reshape(n, nv, dv)
     if r and r == n:  # decode and verify rows only: the output norm runs in that pass too
-        norm = OutputNorm(z.reshape(n, nv, dv), w.norm, cfg.rms_norm_eps,
-                          decode_operand_spec(z, w.out_proj))
-        out, operand = gdn_decode_norm(*recurrent, norm)
-        return linear(out.reshape(n, nv * dv), w.out_proj, operand)
-    parts = [gdn_decode(*recurrent)] if r else []
-    if r < n:
+        out, operand = gdn_decode_norm(*recurrent, OutputNorm(
+            heads_z, w.norm, cfg.rms_norm_eps, decode_operand_spec(z, w.out_proj)))
+    else:
+        parts = [gdn_decode(*recurrent)] if r else []
         cu_seqlens = batch.cu_seqlens[seqs:] - r if r else batch.cu_seqlens
         parts.append(_chunked_gdn(mixed[r:], a[r:], b[r:], w, state, cu_seqlens,
                                   batch.state_slots[seqs:], cfg))
-    out = parts[0] if len(parts) == 1 else torch.cat(parts)
-    out, operand = gated_norm(out, z.reshape(n, nv, dv), w.norm, cfg.rms_norm_eps, w.out_proj)
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        out, operand = gated_norm(out, heads_z, w.norm, cfg.rms_norm_eps, w.out_proj)
     return linear(out.reshape(n, nv * dv), w.out_proj, operand)
 
 

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
 from ninfer_runtime.ops.kv_quant import dequantize_int8, quantize_int8
 from ninfer_runtime.ops.launch import dot_precision, options
-from ninfer_runtime.ops.quant_linear import DecodeOperand
+from ninfer_runtime.ops.quant_linear import DecodeOperand, operand_buffers
 from ninfer_runtime.ops.varlen import num_blocks
 
 try:
@@ -613,10 +613,10 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     assert operand_spec is None or d % operand_spec[0] == 0, "a head must hold whole groups"
     operand = None if operand_spec is None else DecodeOperand.empty(n, nq * d, *operand_spec,
                                                                     q.device)
-    handed = (operand.xo, operand.inv, operand.xsum) if operand else (out,) * 3  # else unused
     _merge_splits_kernel[(n, nq)](
         part_out, part_lse, out, out.stride(0), out.stride(1), g, g.stride(0), g.stride(1),
-        *handed, n, nq, NUM_SPLITS=plan.num_splits, HEAD_DIM=d, HAS_GATE=gate is not None,
+        *operand_buffers(operand, out), n, nq, NUM_SPLITS=plan.num_splits, HEAD_DIM=d,
+        HAS_GATE=gate is not None,
         OPERAND=operand is not None, GROUP=operand.group if operand else d,
         HAS_SUM=operand is not None and operand.sums, **options(q.device),
     )

@@ -49,7 +49,7 @@ from ninfer_runtime.ops.conv import causal_conv1d_update, check_conv_args
 from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
 from ninfer_runtime.ops.launch import dot_precision, options
 from ninfer_runtime.ops.norm import gated_rms_norm, operand_heads, rounds_product
-from ninfer_runtime.ops.quant_linear import DecodeOperand
+from ninfer_runtime.ops.quant_linear import DecodeOperand, operand_buffers
 from ninfer_runtime.ops.varlen import num_blocks
 
 try:
@@ -371,13 +371,13 @@ def _launch_decode(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
         f"gdn_decode takes at most {_MAX_TICKETS // (nk + nv)} sequences"
     bv = min(block_v or _decode_tile(seqs, nv, dv, mixed_qkv.device), dv)
     kernel = conv_weight.shape[1]
-    handed = (operand.xo, operand.inv, operand.xsum) if operand else (out,) * 3  # else unused
     _gdn_decode_kernel[(nv * (dv // bv), seqs)](
         mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states, states, out, cu_seqlens,
         slots, slots if snapshot_slots is None else snapshot_slots, tickets,
         mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0),
         *conv_states.stride(), states.stride(0), states.stride(1), out.stride(0),
-        out.stride(1), nk * dk, dk**-0.5, z, z.stride(0), z.stride(1), weight, normed, *handed,
+        out.stride(1), nk * dk, dk**-0.5, z, z.stride(0), z.stride(1), weight, normed,
+        *operand_buffers(operand, out),
         tickets[seqs * nk:], n, eps, GROUP=nv // nk, DK=dk, DV=dv, BV=bv, K=kernel,
         KP=triton.next_power_of_2(kernel), HAS_SNAPSHOTS=snapshot_slots is not None,
         NORM=norm is not None, NORM_HEADS=heads,

@@ -514,10 +514,10 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
     # arrival counters: (output row, column tile) for the K parts, then (pair, operand group)
     groups = pairs * triton.cdiv(n, hand_on.group) if hand_on else 0
     counters = quant_linear.tile_counters(a.device, outputs * tiles + groups)
-    handed = (hand_on.xo, hand_on.inv, hand_on.xsum) if hand_on else (out,) * 3  # else unused
     _decode_experts_kernel[(pairs, tiles, splits)](
         operand.xo, operand.inv, operand.xsum, words, w.scale, w.aux, part_buf, counters, out,
-        *handed, counters[outputs * tiles:], ids, weights, a.shape[0], n, k, top_k,
+        *quant_linear.operand_buffers(hand_on, out), counters[outputs * tiles:], ids, weights,
+        a.shape[0], n, k, top_k,
         words.stride(0), words.stride(1), w.scale.stride(0), w.scale.stride(1),
         w.aux.stride(0), split_len, SWIGLU=swiglu, HAND_ON=hand_on is not None,
         OUT_GROUP=hand_on.group if hand_on else c.bn, OUT_SUMS=hand_on is not None and hand_on.sums,
@@ -544,7 +544,7 @@ def _gemm_configs() -> list[triton.Config]:
 
 if triton is not None:
     from ninfer_runtime.ops.launch import prefetch_to_l2, wait_for_inputs
-    from ninfer_runtime.ops.quant_decode import store_operand
+    from ninfer_runtime.ops.quant_decode import store_operand_group
     from ninfer_runtime.ops.quant_linear import (
         _NV_FMA_SCALE,
         _NV_FMA_X,
@@ -993,18 +993,10 @@ if triton is not None:
         its operand group to get here writes that group of the row's decode operand (the
         down stage's input; `store_operand`, the bits its activation pass would make of the
         stored row) and zeroes the group's counter for the next launch."""
-        PER: tl.constexpr = GROUP // BN
-        g = tile // PER
-        tl.debug_barrier()  # every thread's columns are stored before the group counts them
-        counter = ticket_ptr + pair * tl.cdiv(tiles, PER) + g
-        if tl.atomic_add(counter, 1, sem="acq_rel") == tl.minimum(PER, tiles - g * PER) - 1:
-            tl.store(counter, 0)
-            ks = g * GROUP + tl.arange(0, GROUP)
-            h = tl.load(hidden_ptr + pair * N + ks, mask=ks < N, other=0.0,
-                        cache_modifier=".cg").to(tl.float32)
-            rows = pair + tl.arange(0, 1)
-            store_operand(h[None, :], rows, rows < pairs, g * GROUP, pairs, N, xo_ptr, inv_ptr,
-                          xsum_ptr, GROUP, HAS_SUM)
+        rows = pair + tl.arange(0, 1)
+        store_operand_group(hidden_ptr, rows, rows < pairs, pairs, N, tile, tiles,
+                            ticket_ptr + pair * tl.cdiv(tiles, GROUP // BN), xo_ptr, inv_ptr,
+                            xsum_ptr, BN, GROUP, HAS_SUM)
 
     @triton.jit
     def _decode_experts_kernel(

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.ops.launch import options
-from ninfer_runtime.ops.quant_linear import DecodeOperand
+from ninfer_runtime.ops.quant_linear import DecodeOperand, operand_buffers
 
 try:
     import triton
@@ -313,7 +313,7 @@ def _launch_gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tenso
         block_r = max(1, group // d)
         assert block_d == d and heads % block_r == 0, f"a decode operand of {tuple(x.shape)}"
     _gated_rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
-        x, z, weight, out, *((decode.xo, decode.inv, decode.xsum) if decode else (out,) * 3),
+        x, z, weight, out, *operand_buffers(decode, out),
         n_rows, heads, x.stride(0), x.stride(1), z.stride(0), z.stride(1), eps, D=d,
         ROUND_PRODUCT=rounds_product(weight, x), OPERAND=group, OPERAND_SUMS=sums, BLOCK_R=block_r,
         BLOCK_D=block_d, num_warps=num_warps, **options(x.device))

@@ -178,6 +178,26 @@ if triton is not None:
         tl.store(xo_ptr + dst, xo, mask=row_ok[:, None] & (cols < K)[None, :])
 
     @triton.jit
+    def store_operand_group(x_ptr, rows, row_ok, M, K, tile, tiles, ticket_ptr, xo_ptr, inv_ptr,
+                            xsum_ptr, WIDTH: tl.constexpr, GROUP: tl.constexpr,
+                            HAS_SUM: tl.constexpr):
+        """For the program that has just stored column tile `tile` (WIDTH columns, of `tiles`)
+        of rows `rows` of x [M, K]: the last of the tiles of its operand group to get here (the
+        group's counter at ticket_ptr) reads the group back from L2, writes its operand
+        (`store_operand`) and zeroes the counter for the next launch."""
+        PER: tl.constexpr = GROUP // WIDTH
+        g = tile // PER
+        tl.debug_barrier()  # every thread's columns are stored before the group counts them
+        if tl.atomic_add(ticket_ptr + g, 1, sem="acq_rel") == tl.minimum(PER, tiles - g * PER) - 1:
+            tl.store(ticket_ptr + g, 0)
+            ks = g * GROUP + tl.arange(0, GROUP)
+            x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :],
+                        mask=row_ok[:, None] & (ks < K)[None, :], other=0.0,
+                        cache_modifier=".cg").to(tl.float32)
+            store_operand(x, rows, row_ok, g * GROUP, M, K, xo_ptr, inv_ptr, xsum_ptr, GROUP,
+                          HAS_SUM)
+
+    @triton.jit
     def activation_kernel(x_ptr, xo_ptr, inv_ptr, xsum_ptr, M, K, stride_x,
                           GROUP: tl.constexpr, HAS_SUM: tl.constexpr, SWIGLU: tl.constexpr,
                           GDC: tl.constexpr):

@@ -204,6 +204,12 @@ class DecodeOperand:
         return self.xsum is not self.inv
 
 
+def operand_buffers(operand: DecodeOperand | None, unused: torch.Tensor) -> tuple:
+    """(xo, inv, xsum) of `operand` as a kernel's pointer arguments, or `unused` in their place
+    where there is none (the kernel's constexpr then keeps it from touching them)."""
+    return (unused,) * 3 if operand is None else (operand.xo, operand.inv, operand.xsum)
+
+
 def operand_group(w: PackedWeight) -> int:
     """The decode K tile, which the activation operand is scaled in groups of, for w's
     scheme (`_OPERAND_GROUPS`)."""
@@ -391,9 +397,7 @@ def swiglu_decode(x: torch.Tensor, w: PackedWeight, spec: tuple[int, bool]
     assert decodes(x) and x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1 and n % 2 == 0
     m, inter = x.shape[0], n // 2
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    plan = tuned_plan(_decode_plans, _decode_key(n, k, ops.layout, x),
-                      lambda: decode_candidates(n, k, ops.layout.scheme, x.device),
-                      lambda c: _run_decode(x, ops, out, c), x.device)
+    plan = _decode_plan(x, ops, out)
     if spec[0] % (plan.config.bn // 2) != 0:
         return None
     hidden = torch.empty((m, inter), dtype=x.dtype, device=x.device)
@@ -404,14 +408,19 @@ def swiglu_decode(x: torch.Tensor, w: PackedWeight, spec: tuple[int, bool]
 
 def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool,
                    operand: DecodeOperand | None = None) -> None:
-    """The decode kernel with the plan tuned for this weight shape and row tile: every
-    candidate timed as CUDA-graph replays on the first call (before any graph captures the
-    step, as the engine's warm-up guarantees), then reused for every M of that row tile."""
+    """The decode kernel with the plan tuned for this weight shape and row tile."""
+    _run_decode(x, ops, out, _decode_plan(x, ops, out, swiglu), swiglu, operand)
+
+
+def _decode_plan(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool = False
+                 ) -> DecodePlan:
+    """The plan for this weight shape and row tile: every candidate timed as CUDA-graph
+    replays on the first call (before any graph captures the step, as the engine's warm-up
+    guarantees), then reused for every M of that row tile."""
     n, k = out.shape[1], ops.words.shape[1] * 8
-    plan = tuned_plan(_decode_plans, _decode_key(n, k, ops.layout, x),
+    return tuned_plan(_decode_plans, _decode_key(n, k, ops.layout, x),
                       lambda: decode_candidates(n, k, ops.layout.scheme, x.device),
                       lambda c: _run_decode(x, ops, out, c, swiglu), x.device)
-    _run_decode(x, ops, out, plan, swiglu, operand)
 
 
 def _decode_key(n: int, k: int, layout: _Layout, x: torch.Tensor) -> tuple:
@@ -511,10 +520,10 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
     counters = tile_counters(x.device, tiles + groups)  # row tiles', then operand groups'
     parts = out if plan.splits == 1 else torch.empty((plan.splits, m, n), dtype=torch.float32,
                                                      device=x.device)
-    buffers = (out,) * 3 if handed is None else (handed.xo, handed.inv, handed.xsum)
     _decode_kernel[(tiles, plan.splits)](
         operand.xo, operand.inv, operand.xsum, ops.words, ops.scale, ops.zero, ops.gscale,
-        parts, counters, out, hidden, *buffers, counters[tiles:], m, n, k, ops.words.stride(0),
+        parts, counters, out, hidden, *operand_buffers(handed, out), counters[tiles:], m, n, k,
+        ops.words.stride(0),
         ops.scale.stride(0), plan.split_len, HAND_ON=handed is not None,
         OUT_GROUP=c.bn if handed is None else handed.group,
         OUT_SUMS=handed is not None and handed.sums,
@@ -592,7 +601,7 @@ if triton is not None:
         activation_kernel,
         int_operands,
         nv_operands,
-        store_operand,
+        store_operand_group,
     )
 
     _NVFP4 = tl.constexpr(_NVFP4_ID)
@@ -870,18 +879,8 @@ if triton is not None:
                      cache_modifier=".cg").to(tl.float32)
         tl.store(hidden_ptr + ms.to(tl.int64)[:, None] * inter + cols[None, :],
                  silu_mul(gate, up, hidden_ptr.dtype.element_ty), mask=mask)
-        PER: tl.constexpr = GROUP // HALF
-        g = tile // PER
-        tl.debug_barrier()  # every thread's columns are stored before the group counts them
-        arrivals = tl.minimum(PER, tl.cdiv(inter, HALF) - g * PER)
-        if tl.atomic_add(ticket_ptr + g, 1, sem="acq_rel") == arrivals - 1:
-            tl.store(ticket_ptr + g, 0)
-            ks = g * GROUP + tl.arange(0, GROUP)
-            h = tl.load(hidden_ptr + ms.to(tl.int64)[:, None] * inter + ks[None, :],
-                        mask=m_ok[:, None] & (ks < inter)[None, :], other=0.0,
-                        cache_modifier=".cg").to(tl.float32)
-            store_operand(h, ms, m_ok, g * GROUP, M, inter, xo_ptr, inv_ptr, xsum_ptr, GROUP,
-                          HAS_SUM)
+        store_operand_group(hidden_ptr, ms, m_ok, M, inter, tile, tl.cdiv(inter, HALF),
+                            ticket_ptr, xo_ptr, inv_ptr, xsum_ptr, HALF, GROUP, HAS_SUM)
 
     @triton.jit
     def _decode_kernel(xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, g_ptr, part_ptr,

@@ -95,11 +95,12 @@ def operand_args(x: torch.Tensor, operand: quant_linear.DecodeOperand | None
                  ) -> tuple[tuple, dict]:
     """The operand buffers and constexprs of the kernels' `write_operand` for x [M, K]."""
     if operand is None:
-        return (x, x, x), {"OPERAND": False, "GROUP": _BK, "HAS_SUM": False}  # unused pointers
+        return quant_linear.operand_buffers(None, x), {"OPERAND": False, "GROUP": _BK,
+                                                       "HAS_SUM": False}
     m, k = x.shape
     assert operand.xo.shape == (8, m, k // 8) and k % 8 == 0, \
         f"skinny_linear: an operand of {tuple(operand.xo.shape)} for x {tuple(x.shape)}"
-    return ((operand.xo, operand.inv, operand.xsum),
+    return (quant_linear.operand_buffers(operand, x),
             {"OPERAND": True, "GROUP": operand.group, "HAS_SUM": operand.sums})
 
 
