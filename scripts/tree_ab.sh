@@ -11,8 +11,10 @@
 # runs `ninfer-bench engine` at C = 1, CTX context, without the breakdown, for each tree in
 # turn. Every tree shares one NINFER_HOME, so the first tree's tuner picks the decode plans
 # and the others reuse them (where their candidate lists are the same): what differs is the
-# code. Each tree's decode row goes to $OUT/stages.txt, its report to $OUT/NAME/, the tuned
-# plans to $OUT/tuning/.
+# code. Each tree's prefill and decode rows go to $OUT/stages.txt, its report to $OUT/NAME/,
+# the tuned plans to $OUT/tuning/. EXTRA adds options to every tree's bench (e.g.
+# EXTRA="--prefill-chunk 8192 --max-batched-tokens 8192"), TAG a suffix to its output names
+# (so a second pass over a tree in one call keeps the first's files).
 set -uo pipefail
 cmd=${1:-}; shift || true
 case $cmd in
@@ -33,12 +35,14 @@ mkdir -p /tmp/artifacts
 echo "build rc=$? ${SECONDS}s" | tee -a "$out/stages.txt"
 for name in "$@"; do
   root=$PWD; [ "$name" = head ] || root=$PWD/ab/$name
-  s=$SECONDS
+  s=$SECONDS; tagged=$name${TAG:+-$TAG}
+  # shellcheck disable=SC2086  # EXTRA is a list of options
   PYTHONPATH=/tmp/site:$(ls -d "$root"/packages/*/src | paste -sd:) timeout "${TREE_SECONDS:-240}" \
     python3 -m ninfer_bench.cli engine "$artifact" --context-lengths "${CTX:-8192}" \
-    --decode-tokens 64 --concurrency 1 --no-breakdown --output "$out/$name" > "$out/$name.log" 2>&1
-  echo "$name rc=$? $((SECONDS - s))s (${SECONDS}s in all)" | tee -a "$out/stages.txt"
-  grep -h "^| decode" "$out/$name"/*.md 2>/dev/null | tee -a "$out/stages.txt"
+    --decode-tokens 64 --concurrency 1 --no-breakdown ${EXTRA:-} --output "$out/$tagged" \
+    > "$out/$tagged.log" 2>&1
+  echo "$tagged rc=$? $((SECONDS - s))s (${SECONDS}s in all)" | tee -a "$out/stages.txt"
+  grep -h "^| prefill\|^| decode" "$out/$tagged"/*.md 2>/dev/null | tee -a "$out/stages.txt"
 done
 # the plans each candidate list's tuner chose (key -> index into decode_candidates)
 cp -r "$NINFER_HOME/tuning" "$out/" 2>/dev/null

@@ -37,11 +37,12 @@ def test_engine_bench_reports_prefill_and_decode_rows(artifact: Path, tmp_path: 
     result = CliRunner().invoke(main, [
         "engine", str(artifact), "--context-lengths", "40,70", "--concurrency", "1,3",
         "--decode-tokens", "6", "--device", "cpu", "--no-breakdown", "--output",
-        str(tmp_path), *spec])
+        str(tmp_path), "--prefill-chunk", "32", "--max-batched-tokens", "48", *spec])
     assert result.exit_code == 0, result.output
     [report_file] = tmp_path.glob("engine-*.json")
     report = json.loads(report_file.read_text())
     assert report["spec"] == ("mtp2" if spec else "none")
+    assert (report["prefill_chunk"], report["step_tokens"]) == (32, 48)
     rows = [(r["what"], r["context"], r["concurrency"]) for r in report["rows"]]
     assert rows == [("prefill-first", 40, 1), ("prefill", 40, 1), ("decode", 40, 1),
                     ("decode", 40, 3), ("prefill-first", 70, 1), ("prefill", 70, 1),
@@ -52,7 +53,8 @@ def test_engine_bench_reports_prefill_and_decode_rows(artifact: Path, tmp_path: 
             assert r["tokens_per_step"] >= r["concurrency"]
             if not spec:
                 assert r["tokens_per_step"] == r["concurrency"]
-    assert "| decode | 70 | 3 |" in report_file.with_suffix(".md").read_text()
+    text = report_file.with_suffix(".md").read_text()
+    assert "| decode | 70 | 3 |" in text and "prefill chunk 32 (48 tokens a step)" in text
 
 
 def test_footprint_counts_the_weights_one_token_reads(artifact: Path) -> None:

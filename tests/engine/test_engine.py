@@ -53,6 +53,32 @@ def test_batched_equals_alone(tiny_model: ModelFactory, kind: str, kv_dtype: str
     assert any(r["prefilling"] and r["decode_ready"] for r in records)
 
 
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_a_step_budget_changes_no_token(tiny_model: ModelFactory, kind: str) -> None:
+    loaded = tiny_model(kind)
+    reqs = mixed_requests()
+    config = {"kv_dtype": "int8", "prefill_chunk": 16, "max_context": 128}
+    budget = 7  # a decode token for each of 4 requests, and 3 prompt tokens
+    eng = engine(loaded, max_concurrency=4, max_batched_tokens=budget,
+                 wall_clock=TickingClock(), **config)
+    assert drain(eng, reqs).tokens == alone(loaded, reqs, **config)
+    records = eng.intervals()
+    assert all(r["computed_prefill_tokens"] + r["decode_ready"] <= budget for r in records)
+    assert any(r["computed_prefill_tokens"] + r["decode_ready"] == budget for r in records)
+
+
+def test_the_step_budget_holds_a_decode_step() -> None:
+    EngineConfig(max_concurrency=4, max_batched_tokens=4)
+    with pytest.raises(ValueError, match="below a decode step of max_concurrency requests"):
+        EngineConfig(max_concurrency=4, max_batched_tokens=3)
+    with pytest.raises(ValueError, match=r"\(8 tokens\)"):
+        EngineConfig(max_concurrency=2, spec="mtp", draft_tokens=3, max_batched_tokens=7)
+    assert EngineConfig(max_concurrency=4, prefill_chunk=100).step_tokens == 400
+    assert EngineConfig(max_concurrency=4, prefill_chunk=100,
+                        max_batched_tokens=256).step_tokens == 256
+    assert EngineConfig(max_concurrency=2, prefill_chunk=1, spec="mtp").step_tokens == 8
+
+
 @pytest.mark.parametrize("chunk", [1, 7, 64])
 def test_chunked_prefill_equals_one_shot(tiny_model: ModelFactory, chunk: int) -> None:
     loaded = tiny_model("dense")

@@ -17,7 +17,8 @@ from ninfer_runtime.engine.memory_plan import GiB, MemoryPlanError, plan_memory
 from ninfer_runtime.models.loading import load_artifact
 
 PLAN = dict(device="cuda:0", total=140 * GiB, other=1 * GiB, weights=18 * GiB,
-            state_slots=2 * GiB, prefill_workspace=3 * GiB, decode_workspace=GiB // 4,
+            state_slots=2 * GiB, prefill_workspace=3 * GiB, step_tokens=8192,
+            decode_workspace=GiB // 4,
             kv_bytes_per_token=34_816, page_size=64, max_context=262_144, max_concurrency=8,
             use_cuda_graphs=True)
 
@@ -32,6 +33,7 @@ def test_auto_capacity_takes_what_is_left_after_the_margin() -> None:
     assert 0 <= plan.free < 34_816 * 64
     assert plan.max_full_context_requests == plan.kv_capacity // 262_144 >= 1
     assert "KV pages" in plan.table() and "262,144" in plan.table()
+    assert "8,192 tokens a step" in plan.table()
 
 
 def test_auto_capacity_stops_at_what_the_requests_can_use() -> None:

@@ -117,11 +117,11 @@ def test_step_batch_layout() -> None:
 
 
 def make_scheduler(pages: int, slots: int, *, concurrency: int = 4, chunk: int = 4,
-                   max_context: int = 64) -> Scheduler:
+                   max_context: int = 64, step_tokens: int | None = None) -> Scheduler:
     kv = KVPool([PagedKV.allocate(TINY, pages, 4, int8=True, dtype=torch.float32,
                                   device="cpu")])
     states = StatePool([GDNSlots.allocate(TINY, slots, dtype=torch.float32, device="cpu")])
-    return Scheduler(concurrency, max_context, chunk, kv, states)
+    return Scheduler(concurrency, max_context, chunk, kv, states, step_tokens=step_tokens)
 
 
 def state(rid: str, prompt_len: int, max_tokens: int) -> RequestState:
@@ -147,8 +147,9 @@ def test_scheduler_admits_in_order_by_pages_and_slots() -> None:
     b.output.append(99)
     second = s.schedule()
     assert not second.admitted and len(s.waiting) == 1
+    # decode segments first
     assert [(w.token_ids, w.start, w.prefill) for w in second.work] == [
-        ([4, 5, 6, 7], 4, True), ([99], 2, False)]
+        ([99], 2, False), ([4, 5, 6, 7], 4, True)]
     assert s.finish("b") is b and b.slot is None
     third = s.schedule()
     assert [r.request_id for r in third.admitted] == ["c"]
@@ -156,6 +157,41 @@ def test_scheduler_admits_in_order_by_pages_and_slots() -> None:
     s.finish("c")
     assert s.kv.allocator.num_free == 6 and s.states.allocator.num_free == 2
     assert not s.has_unfinished() and s.finish("a") is None
+
+
+def test_a_step_budget_serves_decodes_then_chunks_in_admission_order() -> None:
+    s = make_scheduler(pages=16, slots=4, chunk=8, step_tokens=10)
+    a, b, c = state("a", 2, 4), state("b", 12, 2), state("c", 6, 2)
+    for r in (a, b, c):
+        s.add(r)
+    first = s.schedule()
+    # a takes 2 of the 10 tokens, b the rest; c is not admitted while nothing is left
+    assert [(w.state.request_id, len(w.token_ids)) for w in first.work] == [("a", 2), ("b", 8)]
+    assert [r.request_id for r in first.admitted] == ["a", "b"] and list(s.waiting) == [c]
+    a.num_computed, b.num_computed = 2, 8
+    a.output.append(7)
+    second = s.schedule()
+    # a decodes first; b's last 4 prompt tokens; c gets what is left of the budget
+    assert [(w.state.request_id, w.token_ids, w.start) for w in second.work] == [
+        ("a", [7], 2), ("b", [8, 9, 10, 11], 8), ("c", [0, 1, 2, 3, 4], 0)]
+    assert [r.request_id for r in second.admitted] == ["c"]
+    assert sum(len(w.token_ids) for w in second.work) == 10
+
+
+def test_the_first_prefilling_request_always_gets_a_token() -> None:
+    # the least budget: a decode token for each of the 4 requests
+    s = make_scheduler(pages=16, slots=4, chunk=8, step_tokens=4)
+    reqs = [state(f"r{i}", 5, 3) for i in range(4)]
+    for r in reqs:
+        s.add(r)
+    assert [len(w.token_ids) for w in s.schedule().work] == [4]  # r0 alone, then the queue
+    reqs[0].num_computed = 4
+    assert [(w.state.request_id, len(w.token_ids)) for w in s.schedule().work] == [
+        ("r0", 1), ("r1", 3)]
+    reqs[0].num_computed, reqs[0].output, reqs[1].num_computed = 5, [1], 3
+    work = s.schedule().work  # r0 decodes, r1 finishes its prompt with what is left
+    assert [(w.state.request_id, len(w.token_ids)) for w in work] == [("r0", 1), ("r1", 2),
+                                                                     ("r2", 1)]
 
 
 def test_scheduler_head_of_line_waits_for_pages() -> None:

@@ -39,14 +39,17 @@ def gemm_buckets(steps: Sequence[WarmupStep]) -> set[int]:
 @pytest.mark.parametrize("sms,engine", [
     (H200_SMS, {"prefill_chunk": 1024, "max_concurrency": 8}),
     (H200_SMS, {"prefill_chunk": 256, "max_concurrency": 16, "spec": "mtp"}),
+    (H200_SMS, {"prefill_chunk": 8192, "max_concurrency": 8, "max_batched_tokens": 8192}),
     (78, {"prefill_chunk": 16, "max_concurrency": 8}),
 ])
 def test_warm_up_meets_every_key_a_step_can_have(profile: str, sms: int, engine: dict) -> None:
-    """Brute force: B segments of 1..chunk tokens each, every N they can sum to."""
+    """Brute force: B segments of 1..chunk tokens each, every N they can sum to within the
+    step's budget."""
     config = EngineConfig(max_context=70_000, **engine)
     model = PROFILES[profile].config
     chunk, c = config.prefill_chunk, config.max_concurrency
-    every = {key for b in range(1, c + 1) for n in range(b, b * chunk + 1)
+    every = {key for b in range(1, c + 1)
+             for n in range(b, min(b * chunk, config.step_tokens) + 1)
              for key in step_keys(n, b, model, sms)}
     assert met(warmup_steps(config, model, sms), model, sms) == every
 

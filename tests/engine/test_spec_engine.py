@@ -184,6 +184,22 @@ def test_greedy_mtp_equals_plain_decoding(spec_model: Callable, kind: str, kv_dt
         assert eng.kv_pool.allocator.num_free == eng.kv_pool.num_pages
 
 
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_greedy_mtp_under_a_step_budget_equals_plain_decoding(spec_model: Callable,
+                                                              kind: str) -> None:
+    """The least budget (a verify segment for each of 4 requests) over chunks of 8: verify
+    segments take more than the prompt tokens they follow, so a running prompt waits out some
+    steps."""
+    loaded = spec_model(kind)
+    reqs = mixed()
+    plain = drain(make_engine(loaded), reqs)
+    eng = make_engine(loaded, spec="mtp", draft_tokens=3, prefill_chunk=8, max_batched_tokens=16)
+    assert drain(eng, reqs).tokens == plain.tokens
+    records = eng.intervals()
+    assert all(r["computed_prefill_tokens"] + 4 * r["decode_ready"] <= 16 for r in records)
+    assert any(r["running"] > r["prefilling"] + r["decode_ready"] for r in records)
+
+
 def expected_counters(miss: Callable[[int], int], max_tokens: int, k: int) -> tuple[int, ...]:
     """(rounds, accepted, per position...) of a request whose round r accepts miss(r)."""
     emitted, accepted, per_position = 1, 0, [0] * k  # the first token comes from the prefill

@@ -20,6 +20,8 @@ def test_bad_options_are_usage_errors() -> None:
     assert runner.invoke(cli.main, ["--kv-dtype", "fp4"]).exit_code == 2
     assert runner.invoke(cli.main, ["--kv-capacity", "8", "--device", "cpu"]).exit_code == 2
     assert runner.invoke(cli.main, ["missing.ninfer"]).exit_code == 2
+    too_few = runner.invoke(cli.main, ["--max-concurrency", "8", "--max-batched-tokens", "4"])
+    assert too_few.exit_code == 2 and "below a decode step" in too_few.output
 
 
 @pytest.fixture
@@ -43,12 +45,14 @@ def test_a_model_that_fails_to_load_ends_the_process(broken_load: list, tmp_path
     artifact = tmp_path / "broken.ninfer"
     artifact.write_bytes(b"not an artifact")
     result = CliRunner().invoke(cli.main, [str(artifact), "--port", "0", "--device", "cpu",
-                                           "--max-context", "4096", "--kv-dtype", "bf16"])
+                                           "--max-context", "4096", "--kv-dtype", "bf16",
+                                           "--max-num-batched-tokens", "2048"])
     assert result.exit_code == 1
     assert "broken.ninfer: bad header" in result.output
     [(path, config)] = broken_load
     assert path == artifact
     assert (config.max_context, config.kv_dtype, config.device) == (4096, "bf16", "cpu")
+    assert config.max_batched_tokens == 2048
 
 
 def test_defaults_bind_loopback_and_take_cuda_when_available(broken_load: list) -> None:

@@ -80,6 +80,10 @@ def _ints(_: click.Context, __: click.Parameter, value: str) -> list[int]:
 @click.option("--concurrency", default="1,8", callback=_ints, show_default=True)
 @click.option("--decode-tokens", default=128, show_default=True)
 @click.option("--kv-dtype", type=click.Choice(["int8", "bf16"]), default="int8")
+@click.option("--prefill-chunk", default=1024, show_default=True,
+              help="Prompt tokens per request per step (the engine's --prefill-chunk).")
+@click.option("--max-batched-tokens", default=None, type=int,
+              help="Tokens per step over every request (default: every request a chunk).")
 @click.option("--no-cuda-graph", "no_cuda_graph", is_flag=True)
 @click.option("--no-overlap-decode", "no_overlap_decode", is_flag=True,
               help="Read each decode step's tokens before launching the next.")
@@ -92,7 +96,8 @@ def _ints(_: click.Context, __: click.Parameter, value: str) -> list[int]:
 @click.option("--output", type=click.Path(file_okay=False, path_type=Path),
               default=Path("out/bench"), show_default=True)
 def engine(artifact: str, context_lengths: list[int], concurrency: list[int],
-           decode_tokens: int, kv_dtype: str, no_cuda_graph: bool, no_overlap_decode: bool,
+           decode_tokens: int, kv_dtype: str, prefill_chunk: int,
+           max_batched_tokens: int | None, no_cuda_graph: bool, no_overlap_decode: bool,
            no_breakdown: bool, spec: str, draft_tokens: int, lm_head_draft: bool, device: str,
            output: Path) -> None:
     """In-process prefill and decode throughput of ARTIFACT against its ceilings."""
@@ -102,6 +107,7 @@ def engine(artifact: str, context_lengths: list[int], concurrency: list[int],
 
     report = run(artifact, contexts=context_lengths, concurrency=concurrency,
                  decode_tokens=decode_tokens, device=device, kv_dtype=kv_dtype,
+                 prefill_chunk=prefill_chunk, max_batched_tokens=max_batched_tokens,
                  cuda_graphs=not no_cuda_graph, overlap_decode=not no_overlap_decode,
                  breakdown=not no_breakdown, spec=spec,
                  draft_tokens=draft_tokens, lm_head_draft=lm_head_draft)

@@ -387,11 +387,13 @@ def _by_kernel(prof: object) -> list[tuple[str, float]]:
 
 def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
         decode_tokens: int, device: str = "cuda", kv_dtype: str = "int8",
+        prefill_chunk: int = 1024, max_batched_tokens: int | None = None,
         cuda_graphs: bool = True, overlap_decode: bool = True, breakdown: bool = True,
         spec: str = "none", draft_tokens: int = 3, lm_head_draft: bool = False) -> dict:
     """Every measurement above for one artifact, as a report dict."""
     longest = max(contexts) + decode_tokens + 8
     config = EngineConfig(max_context=longest, max_concurrency=max(concurrency),
+                          prefill_chunk=prefill_chunk, max_batched_tokens=max_batched_tokens,
                           device=device, kv_dtype=kv_dtype, cuda_graphs=cuda_graphs,  # type: ignore[arg-type]
                           overlap_decode=overlap_decode,
                           spec=spec, draft_tokens=draft_tokens,  # type: ignore[arg-type]
@@ -402,6 +404,7 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
     mode = "none" if spec == "none" else f"{spec}{draft_tokens}" + \
         (" lm-head-draft" if lm_head_draft else "")
     report: dict = {"artifact": artifact, "spec": mode, "overlap_decode": overlap_decode,
+                    "prefill_chunk": config.prefill_chunk, "step_tokens": config.step_tokens,
                     "startup_s": time.perf_counter() - start,
                     "memory_plan": engine.memory_plan.table() if engine.memory_plan else None,
                     "startup_compiles": len(startup_compiles),
@@ -454,7 +457,9 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
 
 def markdown(report: dict, top: int = 15) -> str:
     overlap = "" if report.get("overlap_decode", True) else ", decode not overlapped"
-    lines = [f"artifact `{report['artifact']}`, spec {report['spec']}{overlap}, "
+    chunks = f", prefill chunk {report['prefill_chunk']:,} ({report['step_tokens']:,} tokens " \
+        "a step)" if "prefill_chunk" in report else ""
+    lines = [f"artifact `{report['artifact']}`, spec {report['spec']}{overlap}{chunks}, "
              f"startup {report['startup_s']:.1f} s "
              f"({report.get('startup_compiles', 0)} Triton compilations: "
              + (", ".join(f"{name} {n}" for name, n in

@@ -79,6 +79,10 @@ def _default_device() -> str:
               help="Prompt + completion tokens per request.")
 @click.option("--prefill-chunk", default=EngineConfig.prefill_chunk, type=click.IntRange(min=1),
               help="Prompt tokens computed per request per step.")
+@click.option("--max-batched-tokens", "--max-num-batched-tokens", "max_batched_tokens",
+              default=None, type=click.IntRange(min=1),
+              help="Tokens computed per step over every request: decode tokens first, then "
+              "prompt chunks. Default: every running request a full chunk.")
 @click.option("--kv-dtype", default=EngineConfig.kv_dtype, type=click.Choice(["int8", "bf16"]))
 @click.option("--kv-capacity", default="auto", callback=_kv_capacity,
               help="KV pool size in tokens, or auto (sized from free memory).")
@@ -109,14 +113,16 @@ def _default_device() -> str:
 @click.option("--log-level", default="info",
               type=click.Choice(["debug", "info", "warning", "error"]))
 def main(artifact: Path | None, host: str, port: int, max_context: int, prefill_chunk: int,
-         kv_dtype: str, kv_capacity: int | str, max_concurrency: int, max_queue: int,
-         device: str | None, api_key: str | None, served_model_name: str | None,
+         max_batched_tokens: int | None, kv_dtype: str, kv_capacity: int | str,
+         max_concurrency: int, max_queue: int, device: str | None, api_key: str | None,
+         served_model_name: str | None,
          no_cuda_graph: bool, no_overlap_decode: bool, spec: str, draft_tokens: int,
          lm_head_draft: bool, max_body_bytes: int, log_level: str) -> None:
     """Serve ARTIFACT (a .ninfer file) over OpenAI-compatible HTTP."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         engine_config = EngineConfig(max_context=max_context, prefill_chunk=prefill_chunk,
+                                     max_batched_tokens=max_batched_tokens,
                                      kv_dtype=kv_dtype, kv_capacity=kv_capacity,  # type: ignore[arg-type]
                                      max_concurrency=max_concurrency, max_queue=max_queue,
                                      device=device or _default_device(),

@@ -13,6 +13,9 @@ SPEC_METHODS = ("none", "mtp", "dflash")
 class EngineConfig:
     max_context: int = 8192  # prompt + completion tokens per request
     prefill_chunk: int = 1024  # prompt tokens computed per request per step
+    # tokens computed per step over every request (vLLM's max_num_batched_tokens): decode
+    # tokens first, then prompt chunks in admission order; None: every request a full chunk
+    max_batched_tokens: int | None = None
     kv_dtype: Literal["int8", "bf16"] = "int8"  # INT8 with one scale per 64 elements, or bf16
     kv_capacity: int | Literal["auto"] = "auto"  # KV pool size in tokens
     max_concurrency: int = 8  # requests running at once (decode batch size)
@@ -39,8 +42,20 @@ class EngineConfig:
             raise ValueError(f"draft_tokens must be >= 1, got {self.draft_tokens}")
         if self.lm_head_draft and self.spec == "none":
             raise ValueError("lm_head_draft needs a spec method (mtp or dflash) to draft for")
+        decode = self.max_concurrency * (1 + self.spec_tokens)
+        if self.max_batched_tokens is not None and self.max_batched_tokens < decode:
+            raise ValueError(f"max_batched_tokens {self.max_batched_tokens} is below a decode "
+                             f"step of max_concurrency requests ({decode} tokens)")
 
     @property
     def spec_tokens(self) -> int:
         """Draft tokens verified per request per step: K with spec, else 0."""
         return 0 if self.spec == "none" else self.draft_tokens
+
+    @property
+    def step_tokens(self) -> int:
+        """The most tokens a step computes: every running request a full chunk (a prompt
+        leaves room for one token) or a decode segment, within max_batched_tokens."""
+        chunk = min(self.prefill_chunk, self.max_context - 1)
+        most = self.max_concurrency * max(chunk, 1 + self.spec_tokens)
+        return most if self.max_batched_tokens is None else min(most, self.max_batched_tokens)

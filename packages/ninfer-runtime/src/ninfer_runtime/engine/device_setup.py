@@ -4,7 +4,7 @@ The warm-up runs one step of every shape class a request can produce (engine.war
 Triton tunes its kernels here rather than inside the first requests. It runs on a scratch cache
 that is freed again before the real KV pool is allocated, as does the plan's measurement: the
 plan needs two numbers only a run can tell, the peak activations of the largest step the
-scheduler can build (every running request prefilling a full chunk) and of a full decode step.
+scheduler can build (config.step_tokens prompt tokens) and of a full decode step.
 The second of two runs is measured, so that tuning (which allocates benchmark buffers on a
 kernel's first call) is not counted.
 """
@@ -123,14 +123,14 @@ def measure_workspaces(model: Qwen3_5Model, config: EngineConfig) -> tuple[int, 
     """Peak activation bytes of (the largest prefill step, a full decode or verify step), on
     the scratch cache the warm-up ran on first."""
     size, c = config.page_size, config.max_concurrency
-    tokens = c * min(config.prefill_chunk, config.max_context)
+    tokens = config.step_tokens
     steps = device_warmup_steps(model, config)
     span = max(s.context + max(s.chunks) for s in steps)
     pages = pages_for(max(tokens, span), size)
     scratch = model.allocate_cache(pages + 1, size, c * (1 + config.spec_tokens),
                                    config.kv_dtype == "int8")
     warm_up(model, scratch, config, steps)
-    # one segment of c chunks: no real step, but it bounds their activations
+    # one segment of the step's tokens: no real step, but it bounds any step's activations
     prefill = StepBatch.build([Segment([0] * tokens, 0, range(pages), 0)], size, model.device)
     decode = decode_batch(c, config, pages, model.device)
     peaks = []
@@ -159,7 +159,7 @@ def plan_device_memory(model: Qwen3_5Model, config: EngineConfig,
         weights=torch.cuda.memory_allocated(device),
         state_slots=config.max_concurrency * (1 + config.spec_tokens)
         * state_bytes_per_slot(model),
-        prefill_workspace=prefill, decode_workspace=decode,
+        prefill_workspace=prefill, step_tokens=config.step_tokens, decode_workspace=decode,
         kv_bytes_per_token=kv_bytes + draft_kv_bytes_per_token,
         page_size=config.page_size, max_context=config.max_context,
         max_concurrency=config.max_concurrency, kv_capacity=config.kv_capacity,

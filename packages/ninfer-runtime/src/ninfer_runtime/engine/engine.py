@@ -158,7 +158,7 @@ class Engine:
         self.state_pool = StatePool([c for c in self.caches if isinstance(c, GDNSlots)])
         self.scheduler = Scheduler(config.max_concurrency, config.max_context,
                                    config.prefill_chunk, self.kv_pool, self.state_pool,
-                                   config.spec_tokens)
+                                   config.spec_tokens, config.step_tokens)
         self._intervals = IntervalRecorder()
         self._wall_clock = wall_clock
         self._deferred: _Deferred | None = None  # overlapped decode (module docstring)
@@ -229,11 +229,11 @@ class Engine:
         schedule = self.scheduler.schedule()
         if not schedule.work:
             return []
+        running = len(self.scheduler.running)  # some may wait out a step for its token budget
         for state in schedule.admitted:
             state.first_scheduled = start
             state.stats.queue_seconds = start - state.request.arrival_time
-        # decode (verify) segments first: their GDN rows take the recurrent path (engine.batch)
-        work = sorted(schedule.work, key=lambda w: w.prefill)
+        work = list(schedule.work)  # decode segments first (scheduler.Schedule)
         if self._defers(work):
             self._deferred = self._launch(work, None, wall_start)
             return []
@@ -263,7 +263,7 @@ class Engine:
             self._propose(work, hidden, taps)
         self._intervals.record(StepRecord(
             wall_start, self._wall_clock(), prefill_tokens,
-            sum(len(o.new_token_ids) for o in outputs), len(outputs), running=len(work),
+            sum(len(o.new_token_ids) for o in outputs), len(outputs), running=running,
             prefilling=schedule.prefilling, decode_ready=schedule.decode_ready))
         return outputs
 

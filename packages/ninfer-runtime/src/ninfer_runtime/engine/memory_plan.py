@@ -39,6 +39,7 @@ class MemoryPlan:
     weights: int
     state_slots: int  # GDN conv + recurrent state of every slot
     prefill_workspace: int  # peak activations of the largest step
+    step_tokens: int  # the largest step's tokens
     graph_pool: int  # activations of the captured decode steps
     margin: int
     kv: int  # the KV pool
@@ -67,7 +68,7 @@ class MemoryPlan:
                                   f"({self.kv_capacity // self.page_size:,} pages of "
                                   f"{self.page_size}, {self.kv_bytes_per_token:,} B/token)"),
             ("CUDA graph pool", self.graph_pool, ""),
-            ("prefill workspace", self.prefill_workspace, ""),
+            ("prefill workspace", self.prefill_workspace, f"{self.step_tokens:,} tokens a step"),
             ("free margin", self.margin, ""),
             ("other processes / context", self.other, ""),
             ("unplanned", max(0, self.free), ""),
@@ -85,8 +86,8 @@ class MemoryPlan:
 
 
 def plan_memory(*, device: str, total: int, other: int, weights: int, state_slots: int,
-                prefill_workspace: int, decode_workspace: int, kv_bytes_per_token: int,
-                page_size: int, max_context: int, max_concurrency: int,
+                prefill_workspace: int, step_tokens: int, decode_workspace: int,
+                kv_bytes_per_token: int, page_size: int, max_context: int, max_concurrency: int,
                 kv_capacity: int | str, use_cuda_graphs: bool,
                 spec_tokens: int = 0) -> MemoryPlan:
     """The plan for a device of `total` bytes, `other` of them not ours.
@@ -110,6 +111,7 @@ def plan_memory(*, device: str, total: int, other: int, weights: int, state_slot
         pages = -(-int(kv_capacity) // page_size)
     plan = MemoryPlan(device=device, total=total, other=other, weights=weights,
                       state_slots=state_slots, prefill_workspace=prefill_workspace,
+                      step_tokens=step_tokens,
                       graph_pool=graph_pool, margin=margin, kv=pages * page_bytes,
                       kv_bytes_per_token=kv_bytes_per_token, kv_capacity=pages * page_size,
                       page_size=page_size, max_context=max_context,

@@ -8,9 +8,13 @@ wait behind it. Because the pages are reserved up front a
 running request never runs out of KV memory, so there is no preemption and no recomputation. A
 request that could not fit even in an empty engine is refused when it is added.
 
-Each step advances every running request: a decode-ready one by its last sampled token (and
-its drafts), a prefilling one by its next prompt chunk of at most `prefill_chunk` tokens. Both
-kinds go into one forward.
+Each step advances the running requests: every decode-ready one by its last sampled token (and
+its drafts), then the prefilling ones, in admission order, by their next prompt chunk of at
+most `prefill_chunk` tokens while the step's budget of `step_tokens` lasts (vLLM's
+max_num_batched_tokens); requests are admitted only while some of it is left. Both kinds go
+into one forward. The budget bounds a step's activations whatever the concurrency, and lets
+one long prompt take a large chunk when it prefills alone. Since it holds at least a decode
+token for every request, the first prefilling request always gets one.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ class Work:
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
+    # decode (verify) segments first, then prompt chunks: a step's leading segments take the
+    # GDN's recurrent path (engine.batch)
     work: tuple[Work, ...]
     admitted: tuple[RequestState, ...]  # requests whose first step this is
 
@@ -64,10 +70,16 @@ class Schedule:
 
 class Scheduler:
     def __init__(self, max_concurrency: int, max_context: int, prefill_chunk: int,
-                 kv: KVPool, states: StatePool, spec_tokens: int = 0):
+                 kv: KVPool, states: StatePool, spec_tokens: int = 0,
+                 step_tokens: int | None = None):
+        decode = max_concurrency * (1 + spec_tokens)
+        assert step_tokens is None or step_tokens >= decode, \
+            f"step_tokens {step_tokens} cannot hold a decode step ({decode})"
         self.max_concurrency = max_concurrency
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
+        # None: no limit beyond every request's chunk
+        self.step_tokens = step_tokens or max_concurrency * max(prefill_chunk, 1 + spec_tokens)
         self.kv = kv
         self.states = states
         self.spec_tokens = spec_tokens  # K: extra KV positions and state slots per request
@@ -90,20 +102,37 @@ class Scheduler:
         self.waiting.append(state)
 
     def schedule(self) -> Schedule:
-        """Admit what fits, then plan one step for every running request."""
+        """Plan one step: the decode-ready requests, the prefilling ones' chunks, then the
+        requests admitted while memory and the step's budget allow."""
+        ready = [s for s in self.running.values() if not s.prefilling]
+        work = [Work(s, s.next_tokens(self.prefill_chunk), s.num_computed) for s in ready]
+        left = self.step_tokens - sum(len(w.token_ids) for w in work)
+
+        def chunk(state: RequestState) -> None:
+            nonlocal left
+            tokens = state.next_tokens(min(self.prefill_chunk, left))
+            work.append(Work(state, tokens, state.num_computed))
+            left -= len(tokens)
+
+        for state in self.running.values():
+            if state.prefilling and left > 0:
+                chunk(state)
         admitted = []
-        while self.can_admit():
-            state = self.waiting.popleft()
-            state.pages = self.kv.reserve(self._reserved(state))
-            state.slot = self.states.allocate()
-            # snapshots are written before they are read: no zeroing
-            state.extra_slots = [self.states.allocator.allocate()
-                                 for _ in range(self.spec_tokens)]
-            self.running[state.request_id] = state
+        while left > 0 and self.can_admit():
+            state = self._admit()
             admitted.append(state)
-        work = tuple(Work(s, s.next_tokens(self.prefill_chunk), s.num_computed)
-                     for s in self.running.values())
-        return Schedule(work, tuple(admitted))
+            chunk(state)
+        return Schedule(tuple(work), tuple(admitted))
+
+    def _admit(self) -> RequestState:
+        """The head of the queue, its pages reserved and its slots taken."""
+        state = self.waiting.popleft()
+        state.pages = self.kv.reserve(self._reserved(state))
+        state.slot = self.states.allocate()
+        # snapshots are written before they are read: no zeroing
+        state.extra_slots = [self.states.allocator.allocate() for _ in range(self.spec_tokens)]
+        self.running[state.request_id] = state
+        return state
 
     def can_admit(self) -> bool:
         """Whether the request at the head of the queue would start at the next step."""

@@ -20,10 +20,11 @@ and a step has as many logits rows (lm_head) as some decode or verify step, whic
 runs at every batch size.
 
 A step of B segments (B <= max_concurrency, each at most a chunk) can have any N in
-[B, B * chunk]. For a given B each key is piecewise constant in N, so `warmup_steps` finds the
-runs of N with equal keys and keeps runs, those with the most unmet values first, until every
-value of every key is met. A proposer's passes over a step's rows meet the same keys and its
-own weights' (engine.device_setup.warm_up_proposer runs it over the same steps).
+[B, B * chunk] within the step's budget (config.step_tokens). For a given B each key is
+piecewise constant in N, so `warmup_steps` finds the runs of N with equal keys and keeps runs,
+those with the most unmet values first, until every value of every key is met. A proposer's
+passes over a step's rows meet the same keys and its own weights'
+(engine.device_setup.warm_up_proposer runs it over the same steps).
 """
 
 from __future__ import annotations
@@ -80,12 +81,12 @@ def step_keys(num_tokens: int, num_seqs: int, model: ModelConfig, num_sms: int) 
     return frozenset(keys)
 
 
-def _runs(num_seqs: int, chunk: int, model: ModelConfig, num_sms: int
+def _runs(num_seqs: int, chunk: int, budget: int, model: ModelConfig, num_sms: int
           ) -> Iterator[tuple[int, int, Keys]]:
-    """(first N, last N, keys) of each run of N in [B, B * chunk] with equal keys, for B =
-    num_seqs. Each key is monotone in N (NUM_SPLITS within one BLOCK_M), so equal keys form a
-    single run: bisect for its end."""
-    lo, hi = num_seqs, num_seqs * chunk
+    """(first N, last N, keys) of each run of N in [B, min(B * chunk, budget)] with equal
+    keys, for B = num_seqs. Each key is monotone in N (NUM_SPLITS within one BLOCK_M), so
+    equal keys form a single run: bisect for its end."""
+    lo, hi = num_seqs, min(num_seqs * chunk, budget)
     while lo <= hi:
         first = step_keys(lo, num_seqs, model, num_sms)
         a, z = lo, hi
@@ -110,8 +111,9 @@ def warmup_steps(config: EngineConfig, model: ModelConfig, num_sms: int) -> list
     with N divisible by 16 and not), and a decode (verify) step at every batch size, each
     request after DECODE_WARMUP_CONTEXT cached tokens (the graphs' capture runs those shapes
     too, but without graphs they run eagerly, and so does a proposer's pass over them)."""
-    chunk = min(config.prefill_chunk, config.max_context - 1)  # a prompt leaves room for a token
-    k, c = config.spec_tokens, config.max_concurrency
+    # a prompt leaves room for a token; one prefilling alone may take the step's whole budget
+    chunk = min(config.prefill_chunk, config.max_context - 1, config.step_tokens)
+    k, c, budget = config.spec_tokens, config.max_concurrency, config.step_tokens
     steps = [WarmupStep(chunk, 1)]
     if (second := min(chunk, config.max_context - 1 - chunk)) > 0:
         steps.append(WarmupStep(second, 1, context=chunk))
@@ -119,7 +121,7 @@ def warmup_steps(config: EngineConfig, model: ModelConfig, num_sms: int) -> list
     decode = [WarmupStep(b * (k + 1), b, context, decode=True) for b in range(1, c + 1)]
     met = set().union(*(step_keys(s.num_tokens, s.num_seqs, model, num_sms) for s in decode))
     runs = [(b, lo, hi, keys) for b in range(1, c + 1)
-            for lo, hi, keys in _runs(b, chunk, model, num_sms)]
+            for lo, hi, keys in _runs(b, chunk, budget, model, num_sms)]
     every = set().union(*(keys for *_, keys in runs))
     kept: set[WarmupStep] = set()
     while missing := every - met:
