@@ -167,11 +167,13 @@ def test_decode_reference_is_the_layer_path() -> None:
 
 
 @pytest.mark.parametrize("dtype", [HALF, torch.float32])
-def test_conv_varlen_matches_reference(dtype: torch.dtype) -> None:
-    """Decode rows, a segment shorter than the window, one spanning time tiles."""
+@pytest.mark.parametrize("lengths", [[1, 5, 2, 70, 1], [130, 2, 64, 65]])
+def test_conv_varlen_matches_reference(dtype: torch.dtype, lengths: list[int]) -> None:
+    """Decode rows, segments shorter than the window, ones of one, two and three time tiles
+    (64 rows), whose tiles each read back into the one before."""
     channels = 100
-    cu, slots = segments([1, 5, 2, 70, 1], [3, 0, 5, 1, 4])
-    x = rand(79, channels + 7, seed=1, dtype=dtype)[:, 3:3 + channels]
+    cu, slots = segments(lengths, [3, 0, 5, 1, 4][:len(lengths)])
+    x = rand(sum(lengths), channels + 7, seed=1, dtype=dtype)[:, 3:3 + channels]
     weight = rand(channels, K, seed=2, dtype=dtype)
     states = rand(6, channels, K - 1, seed=3, dtype=dtype)
     got_states, ref_states = states.clone(), states.clone()

@@ -4,11 +4,16 @@ The conv state of one sequence holds the last K-1 *pre-activation* inputs, [C, K
 first; a fresh sequence starts from zeros, which equals the zero left-padding of a plain causal
 conv. Both forms apply SiLU to the conv output, as the fused kernels do.
 
-The Triton kernel runs the varlen op: one program per (sequence, channel block) walks the
-sequence's rows in time tiles, reading rows before the segment start from the slot's conv
-state, and rewrites the state at the end. A program owns its channels of its slot outright, so
-the read-then-overwrite of the state needs no ordering between programs, only a barrier inside
-one. `conv_input` and `conv_silu_at` are shared with the fused GDN decode kernel (ops.gdn).
+The Triton kernel runs the varlen op: one program per (time tile of a sequence, channel
+block), tiles aligned to each sequence's start (ops.varlen), so a prompt chunk's rows spread
+over the whole GPU (one program walking a sequence's rows, as before, kept ~160 programs of a
+27B step busy and ran the 8K prefill's convs at ~10% of bandwidth: docs/perf.md). Only a
+sequence's first tile reads rows before the segment start, from the slot's conv state (a
+tile holds at least the K-1 rows the taps reach back), so that tile's program also rewrites
+the state: the new state is the segment's last K-1 inputs, read from x (or, for a segment
+shorter than K-1, one tile, from x and the old state), and the read-then-overwrite needs no
+ordering between programs, only a barrier inside one. `conv_input` and `conv_silu_at` are
+shared with the fused GDN decode kernel (ops.gdn).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer_runtime.ops.dispatch import use_triton
+from ninfer_runtime.ops.varlen import num_blocks
 
 try:
     import triton
@@ -99,16 +105,23 @@ def _launch_conv_varlen(x: torch.Tensor, weight: torch.Tensor, states: torch.Ten
     check_conv_args(x, weight, states, cu_seqlens, slots)
     channels, kernel = weight.shape
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    block_c, block_t = 64, 64  # 4K elements a tile; 64 channels keep 160 programs at B = 1
-    grid = (slots.shape[0], triton.cdiv(channels, block_c))
+    assert kernel - 1 <= _CONV_ROWS, "a time tile must hold the rows the taps reach back"
+    seqs = slots.shape[0]
+    grid = (num_blocks(x.shape[0], seqs, _CONV_ROWS), triton.cdiv(channels, _CONV_CHANNELS))
     _conv_varlen_kernel[grid](
-        x, weight, states, out, cu_seqlens, slots, channels, x.stride(0), weight.stride(0),
-        *states.stride(), K=kernel, KP=triton.next_power_of_2(kernel), BLOCK_T=block_t,
-        BLOCK_C=block_c, num_warps=4)
+        x, weight, states, out, cu_seqlens, slots, seqs, channels, x.stride(0),
+        weight.stride(0), *states.stride(), K=kernel, KP=triton.next_power_of_2(kernel),
+        BLOCK_T=_CONV_ROWS, BLOCK_C=_CONV_CHANNELS, num_warps=4)
     return out
 
 
+# a program's tile: 64 rows of one sequence by 64 channels (4K elements)
+_CONV_ROWS = 64
+_CONV_CHANNELS = 64
+
+
 if triton is not None:
+    from ninfer_runtime.ops.varlen import block_of
 
     @triton.jit
     def conv_input(x_ptr, stride_x, state_ptr, stride_sc, stride_sk, src, lo, ch, mask,
@@ -156,25 +169,29 @@ if triton is not None:
                  window.to(dst_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _conv_varlen_kernel(x_ptr, w_ptr, states_ptr, out_ptr, cu_ptr, slot_ptr, C, stride_x,
-                            stride_w, stride_ss, stride_sc, stride_sk, K: tl.constexpr,
-                            KP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
-        seq, cblock = tl.program_id(0), tl.program_id(1)
+    def _conv_varlen_kernel(x_ptr, w_ptr, states_ptr, out_ptr, cu_ptr, slot_ptr, num_seqs, C,
+                            stride_x, stride_w, stride_ss, stride_sc, stride_sk,
+                            K: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr,
+                            BLOCK_C: tl.constexpr):
+        """Program (time tile, channel block): see the module docstring."""
+        seq, t0 = block_of(cu_ptr, tl.program_id(0), num_seqs, BLOCK_T)
         lo, hi = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
+        if t0 >= hi:  # a spare program (or an empty segment, whose state stays)
+            return
         state_ptr = states_ptr + tl.load(slot_ptr + seq) * stride_ss
-        ch = cblock * BLOCK_C + tl.arange(0, BLOCK_C)
+        ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = ch < C
-        for t0 in range(lo, hi, BLOCK_T):
-            rows = t0 + tl.arange(0, BLOCK_T)
-            mask = (rows < hi)[:, None] & cmask[None, :]
-            acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-            for j in tl.static_range(K):
-                w = tl.load(w_ptr + ch * stride_w + j, mask=cmask, other=0.0).to(tl.float32)
-                xs = conv_input(x_ptr, stride_x, state_ptr, stride_sc, stride_sk,
-                                rows[:, None] + j - (K - 1), lo, ch[None, :], mask, K)
-                acc += xs * w[None, :]
-            y = acc * tl.sigmoid(acc)
-            tl.store(out_ptr + rows.to(tl.int64)[:, None] * C + ch[None, :],
-                     y.to(out_ptr.dtype.element_ty), mask=mask)
-        store_conv_window(x_ptr, stride_x, state_ptr, state_ptr, stride_sc, stride_sk, hi - 1,
-                          lo, ch, cmask, K, KP)
+        rows = t0 + tl.arange(0, BLOCK_T)
+        mask = (rows < hi)[:, None] & cmask[None, :]
+        acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+        for j in tl.static_range(K):
+            w = tl.load(w_ptr + ch * stride_w + j, mask=cmask, other=0.0).to(tl.float32)
+            xs = conv_input(x_ptr, stride_x, state_ptr, stride_sc, stride_sk,
+                            rows[:, None] + j - (K - 1), lo, ch[None, :], mask, K)
+            acc += xs * w[None, :]
+        y = acc * tl.sigmoid(acc)
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * C + ch[None, :],
+                 y.to(out_ptr.dtype.element_ty), mask=mask)
+        if t0 == lo:  # the first tile, the only reader of the old state
+            store_conv_window(x_ptr, stride_x, state_ptr, state_ptr, stride_sc, stride_sk,
+                              hi - 1, lo, ch, cmask, K, KP)
