@@ -169,8 +169,8 @@ def test_decode_reference_is_the_layer_path() -> None:
 @pytest.mark.parametrize("dtype", [HALF, torch.float32])
 @pytest.mark.parametrize("lengths", [[1, 5, 2, 70, 1], [130, 2, 64, 65]])
 def test_conv_varlen_matches_reference(dtype: torch.dtype, lengths: list[int]) -> None:
-    """Decode rows, segments shorter than the window, ones of one, two and three time tiles
-    (64 rows), whose tiles each read back into the one before."""
+    """Decode rows, segments shorter than the window, ones of one to five time tiles (32
+    rows), whose tiles each read back into the one before."""
     channels = 100
     cu, slots = segments(lengths, [3, 0, 5, 1, 4][:len(lengths)])
     x = rand(sum(lengths), channels + 7, seed=1, dtype=dtype)[:, 3:3 + channels]

@@ -7,13 +7,15 @@ conv. Both forms apply SiLU to the conv output, as the fused kernels do.
 The Triton kernel runs the varlen op: one program per (time tile of a sequence, channel
 block), tiles aligned to each sequence's start (ops.varlen), so a prompt chunk's rows spread
 over the whole GPU (one program walking a sequence's rows, as before, kept ~160 programs of a
-27B step busy and ran the 8K prefill's convs at ~10% of bandwidth: docs/perf.md). Only a
-sequence's first tile reads rows before the segment start, from the slot's conv state (a
-tile holds at least the K-1 rows the taps reach back), so that tile's program also rewrites
-the state: the new state is the segment's last K-1 inputs, read from x (or, for a segment
-shorter than K-1, one tile, from x and the old state), and the read-then-overwrite needs no
-ordering between programs, only a barrier inside one. `conv_input` and `conv_silu_at` are
-shared with the fused GDN decode kernel (ops.gdn).
+27B step busy, spilled registers, and ran the 8K prefill's convs at ~10% of bandwidth:
+docs/perf.md). Only a sequence's first tile reads rows before the segment start, from the
+slot's conv state (a tile holds at least the K-1 rows the taps reach back): its first K-1
+rows are a small tile of their own, the rest of every tile reads x alone. That program also
+rewrites the state: the new state is the segment's last K-1 inputs, read from x (or, for a
+segment shorter than K-1, one tile, from x and the old state), and the read-then-overwrite
+needs no ordering between programs, only a barrier inside one. Every row adds its taps in
+the same order, so its bits do not depend on where the chunks cut the prompt. `conv_input` and
+`conv_silu_at` are shared with the fused GDN decode kernel (ops.gdn).
 """
 
 from __future__ import annotations
@@ -115,8 +117,9 @@ def _launch_conv_varlen(x: torch.Tensor, weight: torch.Tensor, states: torch.Ten
     return out
 
 
-# a program's tile: 64 rows of one sequence by 64 channels (4K elements)
-_CONV_ROWS = 64
+# a program's tile: 32 rows of one sequence by 64 channels, 4 warps (Triton 3.6, sm_90: 120
+# registers, 4 programs an SM; 64 x 64 over 8 warps: 121, 2)
+_CONV_ROWS = 32
 _CONV_CHANNELS = 64
 
 
@@ -169,11 +172,33 @@ if triton is not None:
                  window.to(dst_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _conv_rows(x_ptr, stride_x, w_ptr, stride_w, state_ptr, stride_sc, stride_sk, rows,
+                   lo, ch, cmask, mask, K: tl.constexpr, STATE: tl.constexpr):
+        """conv of rows [R] for channels ch [CH] -> [R, CH] fp32 (mask: [R, CH]), the taps
+        added in order.
+        STATE: some rows reach back before the segment start lo (into the conv state);
+        otherwise only x is read (no state addresses: they took the tile from 119 to 208
+        registers a thread, Triton 3.6, sm_90, 8 warps)."""
+        acc = tl.zeros(mask.shape, dtype=tl.float32)
+        for j in tl.static_range(K):
+            w = tl.load(w_ptr + ch * stride_w + j, mask=cmask, other=0.0).to(tl.float32)
+            src = rows[:, None] + j - (K - 1)
+            if STATE:
+                xs = conv_input(x_ptr, stride_x, state_ptr, stride_sc, stride_sk, src, lo,
+                                ch[None, :], mask, K)
+            else:
+                xs = tl.load(x_ptr + src.to(tl.int64) * stride_x + ch[None, :],
+                             mask=mask & (src >= lo), other=0.0).to(tl.float32)
+            acc += xs * w[None, :]
+        return acc
+
+    @triton.jit
     def _conv_varlen_kernel(x_ptr, w_ptr, states_ptr, out_ptr, cu_ptr, slot_ptr, num_seqs, C,
                             stride_x, stride_w, stride_ss, stride_sc, stride_sk,
                             K: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr,
                             BLOCK_C: tl.constexpr):
-        """Program (time tile, channel block): see the module docstring."""
+        """Program (time tile, channel block): see the module docstring. The first tile's
+        first K-1 rows, whose taps reach into the conv state, are a small tile of their own."""
         seq, t0 = block_of(cu_ptr, tl.program_id(0), num_seqs, BLOCK_T)
         lo, hi = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
         if t0 >= hi:  # a spare program (or an empty segment, whose state stays)
@@ -182,16 +207,19 @@ if triton is not None:
         ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = ch < C
         rows = t0 + tl.arange(0, BLOCK_T)
-        mask = (rows < hi)[:, None] & cmask[None, :]
-        acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-        for j in tl.static_range(K):
-            w = tl.load(w_ptr + ch * stride_w + j, mask=cmask, other=0.0).to(tl.float32)
-            xs = conv_input(x_ptr, stride_x, state_ptr, stride_sc, stride_sk,
-                            rows[:, None] + j - (K - 1), lo, ch[None, :], mask, K)
-            acc += xs * w[None, :]
-        y = acc * tl.sigmoid(acc)
+        body = (rows < hi) & (rows >= lo + K - 1)
+        acc = _conv_rows(x_ptr, stride_x, w_ptr, stride_w, state_ptr, stride_sc, stride_sk,
+                         rows, lo, ch, cmask, body[:, None] & cmask[None, :], K, False)
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * C + ch[None, :],
-                 y.to(out_ptr.dtype.element_ty), mask=mask)
+                 (acc * tl.sigmoid(acc)).to(out_ptr.dtype.element_ty),
+                 mask=body[:, None] & cmask[None, :])
         if t0 == lo:  # the first tile, the only reader of the old state
+            head = lo + tl.arange(0, KP)
+            live = (head < hi) & (head < lo + K - 1)
+            mask = live[:, None] & cmask[None, :]
+            head_acc = _conv_rows(x_ptr, stride_x, w_ptr, stride_w, state_ptr, stride_sc,
+                                  stride_sk, head, lo, ch, cmask, mask, K, True)
+            tl.store(out_ptr + head.to(tl.int64)[:, None] * C + ch[None, :],
+                     (head_acc * tl.sigmoid(head_acc)).to(out_ptr.dtype.element_ty), mask=mask)
             store_conv_window(x_ptr, stride_x, state_ptr, state_ptr, stride_sc, stride_sk,
                               hi - 1, lo, ch, cmask, K, KP)
