@@ -66,17 +66,19 @@ def test_route(tokens: int, experts: int, top_k: int, dtype: torch.dtype) -> Non
 
 
 # (tokens, top_k, experts, block_m): decode, several chunks of pairs, the real 256 experts,
-# a prompt chunk's shape (256 routed experts and the shared one, 9 slots)
+# a prompt chunk's shape (256 routed experts and the shared one, 9 slots), one expert (fewer
+# blocks than spans of 16)
 ALIGN_CASES = [(1, 8, 256, 16), (8, 8, 256, 16), (7, 2, 8, 16), (45, 2, 8, 16),
-               (45, 2, 8, 32), (3, 2, 5, 16), (300, 9, 257, 64)]
+               (45, 2, 8, 32), (3, 2, 5, 16), (300, 9, 257, 64), (64, 1, 1, 64)]
 
 
-@pytest.mark.parametrize("spans", [0, 64])
+@pytest.mark.parametrize("spans", [0, 64, 16])
 @pytest.mark.parametrize("case", ALIGN_CASES)
 def test_align_sorts_pairs_into_expert_blocks(case: tuple[int, int, int, int], spans: int,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """spans 0: one program; 64: the prompt path, one program per 64 pairs (the last span
-    partial), as if every case were above ALIGN_ONE_PROGRAM_MAX."""
+    """spans 0: one program; 64 or 16: the prompt path, one program per span of pairs (the
+    last span partial), as if every case were above ALIGN_ONE_PROGRAM_MAX; each program
+    writes its share of the block table."""
     if spans:
         monkeypatch.setattr(moe, "ALIGN_ONE_PROGRAM_MAX", 0)
         monkeypatch.setattr(moe, "ALIGN_SPAN", spans)

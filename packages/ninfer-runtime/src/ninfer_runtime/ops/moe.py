@@ -67,11 +67,15 @@ PLAIN, NVFP4, INT4 = 0, 1, 2
 _SCHEMES = {"nvfp4": NVFP4, "groupwise-int": INT4}
 INT4_GROUP = 128  # quant.groupwise_int.GROUP: a K tile must lie inside one group
 # `align` sorts up to this many (token, slot) pairs in one program and launch; more (prompt
-# chunks: 1,024 tokens x 9 slots in the 35B) in three launches, one program per ALIGN_SPAN
-# pairs (count, blocks, place): few launches matter, since a prompt chunk's many short
-# kernels leave the GPU waiting on the host (docs/perf.md, sixth run)
+# chunks: 1,024 tokens x 9 slots in the 35B) in two launches of a program per ALIGN_SPAN
+# pairs (count; then blocks and place, each program taking its share of the block table):
+# few launches matter, since a prompt chunk's many short kernels leave the GPU waiting on the
+# host (docs/perf.md, sixth run), and no launch of one program, which took 44 us of each
+# 35B chunk-layer (eleventh run: 14 of the 8K prefill's 372 ms)
 ALIGN_ONE_PROGRAM_MAX = 4096
 ALIGN_SPAN = 512
+# spans' count rows a program of the place kernel loads at once
+_ALIGN_SPAN_TILE = 8
 # Up to this many tokens moe_experts takes the GEMV path: a pair's expert is read by its own
 # programs (L2 absorbs repeats of an expert within the step); above it, sorting by expert pays.
 DECODE_MAX_TOKENS = 16
@@ -328,11 +332,11 @@ def _launch_align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignmen
                             **sweeps)
         return Alignment(sorted_slots, block_expert, block_m)
     spans = triton.cdiv(n, ALIGN_SPAN)
-    span_rows = torch.empty((spans, experts), dtype=torch.int32, device=flat.device)
-    _align_count_kernel[(spans,)](flat, span_rows, n, SPAN=ALIGN_SPAN, **sweeps)
-    _align_blocks_kernel[(1,)](span_rows, sorted_slots, block_expert, n, num_blocks, spans,
-                               BLOCK_M=block_m, **sweeps)
-    _align_place_kernel[(spans,)](flat, sorted_slots, span_rows, n, SPAN=ALIGN_SPAN, **sweeps)
+    span_counts = torch.empty((spans, experts), dtype=torch.int32, device=flat.device)
+    _align_count_kernel[(spans,)](flat, span_counts, n, SPAN=ALIGN_SPAN, **sweeps)
+    _align_place_kernel[(spans,)](flat, sorted_slots, block_expert, span_counts, n,
+                                  num_blocks, spans, SPAN=ALIGN_SPAN, BLOCK_M=block_m,
+                                  SPAN_TILE=_ALIGN_SPAN_TILE, **sweeps)
     return Alignment(sorted_slots, block_expert, block_m)
 
 
@@ -646,10 +650,11 @@ if triton is not None:
         return counts
 
     @triton.jit
-    def _write_blocks(counts, sorted_slots, block_expert, n, num_blocks,
+    def _write_blocks(counts, sorted_slots, block_expert, n, b_lo, b_hi,
                       BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
-        """From every expert's pair count: each block's owner expert (or -1), and the sentinel
-        n on the rows past the owner's count. Returns each expert's first row [EXPERTS]."""
+        """From every expert's pair count: the owner expert (or -1) of blocks [b_lo, b_hi),
+        and the sentinel n on their rows past the owner's count. Returns each expert's first
+        row [EXPERTS]."""
         experts = tl.arange(0, EXPERTS)
         lane = tl.arange(0, CHUNK)
         blocks = (counts + BLOCK_M - 1) // BLOCK_M
@@ -657,19 +662,18 @@ if triton is not None:
         first_row = (block_end - blocks) * BLOCK_M
         total = tl.sum(blocks, axis=0)
         row = tl.arange(0, BLOCK_M)
-        for b0 in range(0, num_blocks, CHUNK):
+        for b0 in range(b_lo, b_hi, CHUNK):
             b = b0 + lane
             owner = tl.sum((block_end[None, :] <= b[:, None]).to(tl.int32), axis=1)
             hot = owner[:, None] == experts[None, :]
             count = tl.sum(tl.where(hot, counts[None, :], 0), axis=1)
             start = tl.sum(tl.where(hot, first_row[None, :], 0), axis=1)
             used = b < total
-            tl.store(block_expert + b, tl.where(used, owner, -1).to(tl.int64),
-                     mask=b < num_blocks)
+            tl.store(block_expert + b, tl.where(used, owner, -1).to(tl.int64), mask=b < b_hi)
             flat_row = b[:, None] * BLOCK_M + row[None, :]
             pad = (flat_row - start[:, None] >= count[:, None]) | ~used[:, None]
             tl.store(sorted_slots + flat_row, tl.full([CHUNK, BLOCK_M], n, tl.int64),
-                     mask=pad & (b[:, None] < num_blocks))
+                     mask=pad & (b[:, None] < b_hi))
         return first_row
 
     @triton.jit
@@ -696,44 +700,47 @@ if triton is not None:
         """One program: align_ref's sort in three sweeps (count, blocks, place). The stores
         are disjoint (pairs to their rows, the sentinel to the padding rows): no barrier."""
         counts = _count_pairs(flat_ids, 0, n, EXPERTS, CHUNK)
-        first_row = _write_blocks(counts, sorted_slots, block_expert, n, num_blocks,
+        first_row = _write_blocks(counts, sorted_slots, block_expert, n, 0, num_blocks,
                                   BLOCK_M, EXPERTS, CHUNK)
         _place_pairs(flat_ids, sorted_slots, 0, n, first_row, EXPERTS, CHUNK)
 
     @triton.jit(do_not_specialize=["n"])
-    def _align_count_kernel(flat_ids, span_rows, n, SPAN: tl.constexpr,
+    def _align_count_kernel(flat_ids, span_counts, n, SPAN: tl.constexpr,
                             EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
-        """Program p: the per-expert counts of pairs [p * SPAN, (p + 1) * SPAN) -> span_rows[p]."""
+        """Program p: the per-expert counts of pairs [p * SPAN, (p + 1) * SPAN) ->
+        span_counts[p]."""
         p = tl.program_id(0)
         lo = p * SPAN
         counts = _count_pairs(flat_ids, lo, tl.minimum(lo + SPAN, n), EXPERTS, CHUNK)
-        tl.store(span_rows + p * EXPERTS + tl.arange(0, EXPERTS), counts)
+        tl.store(span_counts + p * EXPERTS + tl.arange(0, EXPERTS), counts)
 
     @triton.jit(do_not_specialize=["n", "num_blocks", "spans"])
-    def _align_blocks_kernel(span_rows, sorted_slots, block_expert, n, num_blocks, spans,
-                             BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr,
-                             CHUNK: tl.constexpr):
-        """One program: the totals of the spans' counts, the blocks, then span_rows[p] becomes
-        the row where span p's first pair of each expert goes."""
-        experts = tl.arange(0, EXPERTS)
-        counts = tl.zeros([EXPERTS], dtype=tl.int32)
-        for p in range(0, spans):
-            counts += tl.load(span_rows + p * EXPERTS + experts)
-        next_row = _write_blocks(counts, sorted_slots, block_expert, n, num_blocks,
-                                 BLOCK_M, EXPERTS, CHUNK)
-        for p in range(0, spans):
-            span_counts = tl.load(span_rows + p * EXPERTS + experts)
-            tl.store(span_rows + p * EXPERTS + experts, next_row)
-            next_row += span_counts
-
-    @triton.jit(do_not_specialize=["n"])
-    def _align_place_kernel(flat_ids, sorted_slots, span_rows, n, SPAN: tl.constexpr,
-                            EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
-        """Program p places the pairs of its span from the rows span_rows[p] gives."""
+    def _align_place_kernel(flat_ids, sorted_slots, block_expert, span_counts, n, num_blocks,
+                            spans, SPAN: tl.constexpr, BLOCK_M: tl.constexpr,
+                            SPAN_TILE: tl.constexpr, EXPERTS: tl.constexpr,
+                            CHUNK: tl.constexpr):
+        """Program p: every expert's total and its pairs in the spans before p (from all the
+        spans' counts, which every program reads), p's share of the block table, then the
+        pairs of span p placed after those of the spans before it. The stores are disjoint
+        (pairs to their rows, the sentinel to the padding rows): no ordering between
+        programs."""
         p = tl.program_id(0)
+        experts = tl.arange(0, EXPERTS)
+        tile = tl.arange(0, SPAN_TILE)
+        totals = tl.zeros([EXPERTS], dtype=tl.int32)
+        before = tl.zeros([EXPERTS], dtype=tl.int32)
+        for q0 in range(0, spans, SPAN_TILE):
+            q = q0 + tile
+            counts = tl.load(span_counts + q[:, None] * EXPERTS + experts[None, :],
+                             mask=(q < spans)[:, None], other=0)
+            totals += tl.sum(counts, axis=0)
+            before += tl.sum(tl.where((q < p)[:, None], counts, 0), axis=0)
+        share = tl.cdiv(num_blocks, spans)
+        first_row = _write_blocks(totals, sorted_slots, block_expert, n, p * share,
+                                  tl.minimum((p + 1) * share, num_blocks), BLOCK_M, EXPERTS,
+                                  CHUNK)
         lo = p * SPAN
-        next_row = tl.load(span_rows + p * EXPERTS + tl.arange(0, EXPERTS))
-        _place_pairs(flat_ids, sorted_slots, lo, tl.minimum(lo + SPAN, n), next_row,
+        _place_pairs(flat_ids, sorted_slots, lo, tl.minimum(lo + SPAN, n), first_row + before,
                      EXPERTS, CHUNK)
 
     @triton.jit
