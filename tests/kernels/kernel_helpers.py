@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ninfer_runtime.ops.kv_quant import kv_group_size
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.bfloat16, torch.float32] if DEVICE == "cuda" else [torch.float16, torch.float32]
 
@@ -33,3 +35,15 @@ def check(actual: torch.Tensor, expected: torch.Tensor, atol_steps: float = 1.0)
     step = 2.0 ** -(8 if expected.dtype == torch.bfloat16 else 11)
     torch.testing.assert_close(actual, expected, rtol=2 * step, atol=atol_steps * step)
     assert (actual != expected).float().mean() <= 0.01
+
+
+def empty_caches(pages: int, page: int, nkv: int, d: int, int8: bool,
+                 dtype: torch.dtype) -> list[torch.Tensor | None]:
+    """Zeroed K/V pages [pages, page, nkv, d] and, for int8, their fp16 group scales (else
+    None, None): store_kv's cache arguments."""
+    shape = (pages, page, nkv, d)
+    if not int8:
+        return [torch.zeros(shape, dtype=dtype, device=DEVICE) for _ in range(2)] + [None, None]
+    scales = (pages, page, nkv, d // kv_group_size(d))
+    return ([torch.zeros(shape, dtype=torch.int8, device=DEVICE) for _ in range(2)]
+            + [torch.zeros(scales, dtype=torch.float16, device=DEVICE) for _ in range(2)])

@@ -15,6 +15,7 @@ from itertools import accumulate
 import pytest
 import torch
 import triton
+from kernel_helpers import empty_caches
 
 from ninfer_runtime.ops import attention, quant_linear
 from ninfer_runtime.ops.attention import (
@@ -28,7 +29,6 @@ from ninfer_runtime.ops.attention import (
     store_kv_ref,
     visible_keys,
 )
-from ninfer_runtime.ops.kv_quant import kv_group_size
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.bfloat16] if DEVICE == "cuda" else [torch.float32, torch.float16]
@@ -55,16 +55,6 @@ def prefetching(monkeypatch: pytest.MonkeyPatch) -> None:
 def rand(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
     return x.to(device=DEVICE, dtype=dtype)
-
-
-def empty_caches(pages: int, page: int, nkv: int, d: int, int8: bool,
-                 dtype: torch.dtype) -> list[torch.Tensor | None]:
-    shape = (pages, page, nkv, d)
-    if not int8:
-        return [torch.zeros(shape, dtype=dtype, device=DEVICE) for _ in range(2)] + [None, None]
-    scales = (pages, page, nkv, d // kv_group_size(d))
-    return ([torch.zeros(shape, dtype=torch.int8, device=DEVICE) for _ in range(2)]
-            + [torch.zeros(scales, dtype=torch.float16, device=DEVICE) for _ in range(2)])
 
 
 def paged_step(query_lens: list[int], contexts: list[int], *, nq: int, nkv: int, d: int,

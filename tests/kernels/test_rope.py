@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_helpers import DEVICE, DTYPES, check, kernels, rand  # noqa: F401
+from kernel_helpers import DEVICE, DTYPES, check, empty_caches, kernels, rand  # noqa: F401
 
+from ninfer_runtime.ops.attention import KVStore, store_kv
 from ninfer_runtime.ops.norm import rms_norm_ref
 from ninfer_runtime.ops.rope import (
     norm_rope,
     norm_rope_ref,
     qk_norm_rope,
     qk_norm_rope_ref,
+    qk_norm_rope_store,
     rope_cos_sin,
 )
 
@@ -51,6 +53,42 @@ def test_qk_norm_rope(case: tuple[int, int, int, int, int], dtype: torch.dtype) 
     assert q_out.is_contiguous() and k_out.is_contiguous()
     # past rotary_dim the kernel stores the norm output itself
     check_rope(q_out[..., rot:], rms_norm_ref(q, qw, 1e-6)[..., rot:])
+
+
+# (tokens, nq, nkv, head_dim, rotary_dim, int8 cache): decode at the 27B's head shape, a prompt
+# chunk of 2-head tokens (several tokens a program), a bf16 cache; 3 kv heads (not a power of
+# two) take qk_norm_rope then store_kv
+STORE_CASES = [(1, 24, 4, 256, 64, True), (37, 4, 2, 64, 16, True), (9, 4, 2, 32, 32, False),
+               (5, 6, 3, 64, 16, True)]
+
+
+@pytest.mark.parametrize("with_q", [True, False])
+@pytest.mark.parametrize("case", STORE_CASES)
+def test_qk_norm_rope_store_is_qk_norm_rope_then_store_kv(
+        case: tuple[int, int, int, int, int, bool], with_q: bool) -> None:
+    """The same q rows and caches, bit for bit, in one launch (keys alone without q, as the
+    DFlash draft's context); a negative slot (a captured graph's padding row) is skipped."""
+    t, nq, nkv, hd, rot, int8 = case
+    dtype = DTYPES[0]
+    q, k = projected_qk(t, nq, nkv, hd, dtype)
+    v = rand(t, 2 * nkv * hd, seed=4, dtype=dtype)[:, nkv * hd:].unflatten(1, (nkv, hd))
+    qw, kw = rand(hd, seed=1, dtype=dtype) * 0.1, rand(hd, seed=2, dtype=dtype) * 0.1
+    positions = torch.randint(0, 300_000, (t,), generator=torch.Generator().manual_seed(3))
+    cos, sin = rope_cos_sin(positions.to(DEVICE), rot, 1e7)
+    pages, page = 4, 16
+    slots = torch.randperm(pages * page, generator=torch.Generator().manual_seed(0))[:t]
+    if t > 1:
+        slots[t // 2] = -1
+    slots = slots.to(DEVICE)
+    got = empty_caches(pages, page, nkv, hd, int8, dtype)
+    q_got = qk_norm_rope_store(q if with_q else None, k, v, qw if with_q else None, kw, cos,
+                               sin, 1e-6, KVStore(*got, slots))
+    expected = empty_caches(pages, page, nkv, hd, int8, dtype)
+    q_out, k_out = qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6)
+    store_kv(k_out, v, *expected, slots)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True) if a is not None)
+    assert torch.equal(q_got, q_out) if with_q else q_got is None
+    assert got[0].any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

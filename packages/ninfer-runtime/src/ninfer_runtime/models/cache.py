@@ -17,6 +17,7 @@ import torch
 
 from ninfer_runtime.config import FULL_ATTENTION, ModelConfig
 from ninfer_runtime.engine.batch import Segment, StepBatch
+from ninfer_runtime.ops.attention import KVStore
 from ninfer_runtime.ops.kv_quant import SCALE_DTYPE, kv_group_size
 
 DEFAULT_PAGE_SIZE = 64
@@ -48,6 +49,10 @@ class PagedKV:
     @property
     def num_pages(self) -> int:
         return self.k.shape[0]
+
+    def store(self, slot_mapping: torch.Tensor) -> KVStore:
+        """Where a step's K/V rows go: these pages, at the tokens' flat slots."""
+        return KVStore(self.k, self.v, self.k_scale, self.v_scale, slot_mapping)
 
     def grown(self, num_pages: int) -> PagedKV:
         """A copy with `num_pages` pages, the existing ones first."""

@@ -31,10 +31,10 @@ from ninfer_runtime.engine.batch import StepBatch
 from ninfer_runtime.models.cache import PagedKV
 from ninfer_runtime.models.layers import mlp
 from ninfer_runtime.models.weights import MLPWeights, WeightReader
-from ninfer_runtime.ops.attention import paged_attention, store_kv
+from ninfer_runtime.ops.attention import paged_attention
 from ninfer_runtime.ops.linear import Weight, linear
 from ninfer_runtime.ops.norm import add_rms_norm, rms_norm
-from ninfer_runtime.ops.rope import ROPE_TYPES, norm_rope, qk_norm_rope, rope_cos_sin
+from ninfer_runtime.ops.rope import ROPE_TYPES, qk_norm_rope_store, rope_cos_sin
 
 if TYPE_CHECKING:
     from ninfer_runtime.artifact import Artifact
@@ -319,9 +319,9 @@ class DFlashDraft:
         cos, sin = self._rope(batch.positions)
         for w, kv in zip(self.layers, caches, strict=True):
             k, v = linear(ctx, w.kv_proj).split([nkv * hd, nkv * hd], dim=-1)
-            k = norm_rope(k.reshape(n, nkv, hd), w.k_norm, cos, sin, c.rms_norm_eps,
-                          unit_offset=False)
-            store_kv(k, v.reshape(n, nkv, hd), kv.k, kv.v, None, None, batch.slot_mapping)
+            qk_norm_rope_store(None, k.reshape(n, nkv, hd), v.reshape(n, nkv, hd), None,
+                               w.k_norm, cos, sin, c.rms_norm_eps,
+                               kv.store(batch.slot_mapping), unit_offset=False)
 
     def propose(self, block_ids: torch.Tensor, batch: StepBatch, caches: Sequence[PagedKV],
                 embed_tokens: torch.Tensor) -> torch.Tensor:
@@ -355,9 +355,9 @@ class DFlashDraft:
         n, nq, nkv, hd = x.shape[0], c.num_attention_heads, c.num_key_value_heads, c.head_dim
         q = linear(x, w.q_proj).reshape(n, nq, hd)
         k, v = linear(x, w.kv_proj).split([nkv * hd, nkv * hd], dim=-1)
-        q, k = qk_norm_rope(q, k.reshape(n, nkv, hd), w.q_norm, w.k_norm, *rope,
-                            c.rms_norm_eps, unit_offset=False)
-        store_kv(k, v.reshape(n, nkv, hd), kv.k, kv.v, None, None, batch.slot_mapping)
+        q = qk_norm_rope_store(q, k.reshape(n, nkv, hd), v.reshape(n, nkv, hd), w.q_norm,
+                               w.k_norm, *rope, c.rms_norm_eps, kv.store(batch.slot_mapping),
+                               unit_offset=False)
         out = paged_attention(q, kv.k, kv.v, None, None, batch.page_tables, batch.cu_seqlens,
                               batch.context_lens, hd**-0.5, causal=c.causal[layer],
                               window=c.window(layer))

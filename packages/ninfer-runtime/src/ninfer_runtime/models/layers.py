@@ -23,7 +23,7 @@ from ninfer_runtime.models.weights import (
     MLPWeights,
     MoEWeights,
 )
-from ninfer_runtime.ops.attention import paged_attention_with_operand, store_kv
+from ninfer_runtime.ops.attention import paged_attention_with_operand
 from ninfer_runtime.ops.conv import causal_conv1d_varlen
 from ninfer_runtime.ops.gdn import (
     OutputNorm,
@@ -48,7 +48,7 @@ from ninfer_runtime.ops.norm import (
     rms_norm,
 )
 from ninfer_runtime.ops.quant_linear import DecodeOperand
-from ninfer_runtime.ops.rope import qk_norm_rope, rope_cos_sin
+from ninfer_runtime.ops.rope import qk_norm_rope_store, rope_cos_sin
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [N, rotary_dim]
 
@@ -59,8 +59,8 @@ def gated_attention(x: torch.Tensor, w: AttentionWeights, kv: PagedKV, batch: St
     n, nq, nkv, hd = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q_gate, k, v = linear(x, w.qkv_proj).split([2 * nq * hd, nkv * hd, nkv * hd], dim=-1)
     q, gate = q_gate.reshape(n, nq, 2 * hd).chunk(2, dim=-1)  # per head: [q | gate]
-    q, k = qk_norm_rope(q, k.reshape(n, nkv, hd), w.q_norm, w.k_norm, *rope, cfg.rms_norm_eps)
-    store_kv(k, v.reshape(n, nkv, hd), kv.k, kv.v, kv.k_scale, kv.v_scale, batch.slot_mapping)
+    q = qk_norm_rope_store(q, k.reshape(n, nkv, hd), v.reshape(n, nkv, hd), w.q_norm, w.k_norm,
+                           *rope, cfg.rms_norm_eps, kv.store(batch.slot_mapping))
     # the split merge can write o_proj's decode operand
     out, operand = paged_attention_with_operand(
         q, kv.k, kv.v, kv.k_scale, kv.v_scale, batch.page_tables, batch.cu_seqlens,

@@ -102,6 +102,23 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return out.transpose(0, 1)
 
 
+@dataclass(frozen=True)
+class KVStore:
+    """Where a step's keys and values go: the paged caches [pages, page_size, nkv, d], their
+    int8 group scales (None for bf16 caches) and each token's flat slot (`store_kv`'s
+    arguments; ops.rope.qk_norm_rope_store writes there in its own launch)."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    k_scale: torch.Tensor | None
+    v_scale: torch.Tensor | None
+    slot_mapping: torch.Tensor
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        store_kv(k, v, self.k_cache, self.v_cache, self.k_scale, self.v_scale,
+                 self.slot_mapping)
+
+
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
              slot_mapping: torch.Tensor) -> None:
@@ -541,21 +558,37 @@ def _store_kv_triton(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, k_scale: torch.Tensor | None,
                      v_scale: torch.Tensor | None, slot_mapping: torch.Tensor) -> None:
     """Launches the fused quantize + scatter kernel (one program per token)."""
-    n, nkv, d = k.shape
-    assert v.shape == k.shape and k_cache.shape[2:] == (nkv, d) and v_cache.shape == k_cache.shape
-    assert k.stride(-1) == 1 and v.stride(-1) == 1, "K/V rows must be contiguous along d"
-    assert slot_mapping.shape == (n,) and slot_mapping.dtype == torch.int64
-    assert (k_scale is None) == (v_scale is None)
-    _check_cache(k_cache, k_scale)
-    _check_cache(v_cache, v_scale)
-    quant = k_scale is not None
-    group = d // k_scale.shape[-1] if quant else d
-    assert d == _pow2(d) and group == _pow2(group)
-    _store_kv_kernel[(n,)](
-        k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache, v_cache,
-        k_scale if quant else k_cache, v_scale if quant else v_cache, slot_mapping, nkv,
-        HEADS=_pow2(nkv), GROUPS=d // group, GROUP=group, QUANT=quant, **options(k.device),
+    store = KVStore(k_cache, v_cache, k_scale, v_scale, slot_mapping)
+    _store_kv_kernel[(k.shape[0],)](
+        k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), *store_args(k, v, store),
+        k.shape[1], **store_constexprs(k, store), **options(k.device),
     )
+
+
+def store_args(k: torch.Tensor, v: torch.Tensor, store: KVStore) -> tuple:
+    """The caches, scales (the caches again for bf16: unused) and slots `_store_one` takes,
+    after checking them against k, v [N, nkv, d]."""
+    n, nkv, d = k.shape
+    assert v.shape == k.shape and store.k_cache.shape[2:] == (nkv, d) \
+        and store.v_cache.shape == store.k_cache.shape
+    assert k.stride(-1) == 1 and v.stride(-1) == 1, "K/V rows must be contiguous along d"
+    assert store.slot_mapping.shape == (n,) and store.slot_mapping.dtype == torch.int64
+    assert (store.k_scale is None) == (store.v_scale is None)
+    _check_cache(store.k_cache, store.k_scale)
+    _check_cache(store.v_cache, store.v_scale)
+    quant = store.k_scale is not None
+    return (store.k_cache, store.v_cache, store.k_scale if quant else store.k_cache,
+            store.v_scale if quant else store.v_cache, store.slot_mapping)
+
+
+def store_constexprs(k: torch.Tensor, store: KVStore) -> dict:
+    """`_store_one`'s constexprs for k [N, nkv, d]: a token's heads padded to a power of two,
+    d as GROUPS groups of GROUP (one group per int8 scale; d itself for bf16 caches)."""
+    nkv, d = k.shape[1:]
+    quant = store.k_scale is not None
+    group = d // store.k_scale.shape[-1] if quant else d
+    assert d == _pow2(d) and group == _pow2(group)
+    return {"HEADS": _pow2(nkv), "GROUPS": d // group, "GROUP": group, "QUANT": quant}
 
 
 def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -9,7 +9,10 @@ Full attention normalises q and k per head (q_norm / k_norm, zero-centred) right
 rotation, so `qk_norm_rope` does both for q and k in one kernel launch: each (token, head) row is
 read once and written once. The kernel rotates with the step's cos/sin tables (`rope_cos_sin`,
 built once per step and shared by every layer) rather than computing them itself, so it agrees
-with the reference to fp32 rounding.
+with the reference to fp32 rounding. `qk_norm_rope_store` also writes the rotated keys and the
+values into the paged KV caches in that launch (a program then takes whole tokens' keys, reads
+them back after a barrier and stores them as ops.attention.store_kv does): one launch fewer
+per attention layer and step.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ninfer_runtime.ops.attention import KVStore, store_args, store_constexprs
 from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.ops.launch import options
 from ninfer_runtime.ops.norm import check_rows, rms_norm_ref, row_tile
@@ -134,6 +138,28 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
     return _launch_qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, unit_offset)
 
 
+def qk_norm_rope_store(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor,
+                       q_weight: torch.Tensor | None, k_weight: torch.Tensor,
+                       cos: torch.Tensor, sin: torch.Tensor, eps: float, store: KVStore, *,
+                       unit_offset: bool = True) -> torch.Tensor | None:
+    """`qk_norm_rope` (without q, of k alone), the rotated k and v [T, nkv, hd] then written
+    into the caches as `store.write` does, in one launch where the shapes allow (a power-of-two
+    nkv). Returns q's rows (None without q)."""
+    tensors = [t for t in (q, k, v, q_weight, k_weight, cos, sin) if t is not None]
+    fused = use_triton(*tensors) and k.shape[1] == triton.next_power_of_2(k.shape[1]) \
+        and k.shape[2] == triton.next_power_of_2(k.shape[2])
+    if fused:
+        return _launch_qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, unit_offset,
+                                    (v, store))[0]
+    if q is None:
+        q_out, k_out = None, norm_rope(k, k_weight, cos, sin, eps, unit_offset=unit_offset)
+    else:
+        q_out, k_out = qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps,
+                                    unit_offset=unit_offset)
+    store.write(k_out, v)
+    return q_out
+
+
 def norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               eps: float, *, unit_offset: bool = True) -> torch.Tensor:
     """`qk_norm_rope` for one tensor x [T, heads, hd]: the keys of the DFlash draft's context,
@@ -144,6 +170,7 @@ def norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: tor
 
 
 if triton is not None:
+    from ninfer_runtime.ops.attention import _store_one
     from ninfer_runtime.ops.launch import wait_for_inputs
 
     @triton.jit
@@ -196,26 +223,45 @@ if triton is not None:
     # where their value classes (== 1, divisible by 16, other) made up to nine
     @triton.jit(do_not_specialize=["n_tokens", "q_blocks"])
     def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, k_out,
-                             n_tokens, nq, nkv, q_st, q_sh, k_st, k_sh, q_blocks, eps,
-                             HD: tl.constexpr, ROT: tl.constexpr, UNIT_OFFSET: tl.constexpr,
-                             BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                             BLOCK_H: tl.constexpr, GDC: tl.constexpr):
-        """The first q_blocks programs take q's rows, the rest k's."""
+                             v_ptr, v_st, v_sh, k_cache, v_cache, k_scale, v_scale,
+                             slot_mapping, n_tokens, nq, nkv, q_st, q_sh, k_st, k_sh, q_blocks,
+                             eps, HD: tl.constexpr, ROT: tl.constexpr,
+                             UNIT_OFFSET: tl.constexpr, BLOCK_R: tl.constexpr,
+                             BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+                             STORE: tl.constexpr, HEADS: tl.constexpr, GROUPS: tl.constexpr,
+                             GROUP: tl.constexpr, QUANT: tl.constexpr, GDC: tl.constexpr):
+        """The first q_blocks programs take q's rows, the rest k's. With STORE a k block is
+        whole tokens (BLOCK_R a multiple of HEADS = nkv), whose rows the program reads back
+        once every thread has stored them, into the caches with the tokens' v rows."""
         wait_for_inputs(GDC)
         pid = tl.program_id(0)
         if pid < q_blocks:
             _norm_rope_rows(q_ptr, qw_ptr, cos_ptr, sin_ptr, q_out, pid, n_tokens * nq, nq,
                             q_st, q_sh, eps, HD, ROT, UNIT_OFFSET, BLOCK_R, BLOCK_D, BLOCK_H)
         else:
-            _norm_rope_rows(k_ptr, kw_ptr, cos_ptr, sin_ptr, k_out, pid - q_blocks,
+            block = pid - q_blocks
+            _norm_rope_rows(k_ptr, kw_ptr, cos_ptr, sin_ptr, k_out, block,
                             n_tokens * nkv, nkv, k_st, k_sh, eps, HD, ROT, UNIT_OFFSET,
                             BLOCK_R, BLOCK_D, BLOCK_H)
+            if STORE:
+                tl.debug_barrier()  # other threads stored some of the rows read back here
+                for i in tl.static_range(BLOCK_R // HEADS):
+                    t = (block * (BLOCK_R // HEADS) + i).to(tl.int64)
+                    slot = tl.load(slot_mapping + t, mask=t < n_tokens, other=-1)
+                    if slot >= 0:  # negative: a captured graph's padding row
+                        _store_one(k_out, nkv * HD, HD, k_cache, k_scale, slot, t, nkv, HEADS,
+                                   GROUPS, GROUP, QUANT)
+                        _store_one(v_ptr, v_st, v_sh, v_cache, v_scale, slot, t, nkv, HEADS,
+                                   GROUPS, GROUP, QUANT)
 
 
 def _launch_qk_norm_rope(q: torch.Tensor | None, k: torch.Tensor, q_weight: torch.Tensor | None,
                          k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                         eps: float, unit_offset: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """q, k -> (q_out, k_out); without q (and q_weight) only k's rows are launched."""
+                         eps: float, unit_offset: bool,
+                         store: tuple[torch.Tensor, KVStore] | None = None
+                         ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """q, k -> (q_out, k_out); without q (and q_weight) only k's rows are launched. With
+    `store` (v and where it goes), k_out and v are written into the caches too."""
     check_rows("qk_norm_rope k", k)
     t, nkv, hd = k.shape
     rot = cos.shape[-1]
@@ -238,12 +284,21 @@ def _launch_qk_norm_rope(q: torch.Tensor | None, k: torch.Tensor, q_weight: torc
         return q_out, k_out
     # One tile shape for both: a q block and a k block cost the same.
     block_r, block_d, num_warps = row_tile(t * nkv, hd)
+    if store is None:  # placeholders for the unused store arguments
+        v, caches, stored = k, (k_out,) * 5, {"STORE": False, "HEADS": 1, "GROUPS": 1,
+                                              "GROUP": 1, "QUANT": False}
+    else:
+        v, kv = store
+        caches, stored = store_args(k_out, v, kv), {"STORE": True, **store_constexprs(k, kv)}
+        block_r = max(block_r, stored["HEADS"])  # whole tokens (both powers of two)
+        num_warps = max(num_warps, min(16, block_r * block_d // 512))
     q_blocks = triton.cdiv(t * nq, block_r)
     grid = (q_blocks + triton.cdiv(t * nkv, block_r),)
     q_args = (k, k_weight, k_out, 0, 0) if q is None else (q, q_weight, q_out, *q.stride()[:2])
     _qk_norm_rope_kernel[grid](
-        q_args[0], k, q_args[1], k_weight, cos, sin, q_args[2], k_out, t, nq, nkv,
-        q_args[3], q_args[4], k.stride(0), k.stride(1), q_blocks, eps,
-        HD=hd, ROT=rot, UNIT_OFFSET=unit_offset, BLOCK_R=block_r, BLOCK_D=block_d,
-        BLOCK_H=triton.next_power_of_2(rot // 2), num_warps=num_warps, **options(k.device))
+        q_args[0], k, q_args[1], k_weight, cos, sin, q_args[2], k_out, v, v.stride(0),
+        v.stride(1), *caches, t, nq, nkv, q_args[3], q_args[4], k.stride(0), k.stride(1),
+        q_blocks, eps, HD=hd, ROT=rot, UNIT_OFFSET=unit_offset, BLOCK_R=block_r,
+        BLOCK_D=block_d, BLOCK_H=triton.next_power_of_2(rot // 2), **stored,
+        num_warps=num_warps, **options(k.device))
     return q_out, k_out
