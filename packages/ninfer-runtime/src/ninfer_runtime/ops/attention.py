@@ -315,7 +315,7 @@ if triton is not None:
     from ninfer_runtime.ops.launch import wait_for_inputs
 
     @triton.jit
-    def _store_one(x, stride_xt, stride_xh, cache_, scales, slot, t, num_heads,
+    def store_token(x, stride_xt, stride_xh, cache_, scales, slot, t, num_heads,
                    HEADS: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr,
                    QUANT: tl.constexpr):
         """Token t's [heads, d] of x into `slot` of the cache (contiguous: slot stride is
@@ -345,9 +345,9 @@ if triton is not None:
         slot = tl.load(slot_mapping + t)
         if slot < 0:
             return
-        _store_one(k, stride_kt, stride_kh, k_cache, k_scale, slot, t, num_heads,
+        store_token(k, stride_kt, stride_kh, k_cache, k_scale, slot, t, num_heads,
                    HEADS, GROUPS, GROUP, QUANT)
-        _store_one(v, stride_vt, stride_vh, v_cache, v_scale, slot, t, num_heads,
+        store_token(v, stride_vt, stride_vh, v_cache, v_scale, slot, t, num_heads,
                    HEADS, GROUPS, GROUP, QUANT)
 
     @triton.jit
@@ -566,7 +566,7 @@ def _store_kv_triton(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
 
 
 def store_args(k: torch.Tensor, v: torch.Tensor, store: KVStore) -> tuple:
-    """The caches, scales (the caches again for bf16: unused) and slots `_store_one` takes,
+    """The caches, scales (the caches again for bf16: unused) and slots `store_token` takes,
     after checking them against k, v [N, nkv, d]."""
     n, nkv, d = k.shape
     assert v.shape == k.shape and store.k_cache.shape[2:] == (nkv, d) \
@@ -582,7 +582,7 @@ def store_args(k: torch.Tensor, v: torch.Tensor, store: KVStore) -> tuple:
 
 
 def store_constexprs(k: torch.Tensor, store: KVStore) -> dict:
-    """`_store_one`'s constexprs for k [N, nkv, d]: a token's heads padded to a power of two,
+    """`store_token`'s constexprs for k [N, nkv, d]: a token's heads padded to a power of two,
     d as GROUPS groups of GROUP (one group per int8 scale; d itself for bf16 caches)."""
     nkv, d = k.shape[1:]
     quant = store.k_scale is not None

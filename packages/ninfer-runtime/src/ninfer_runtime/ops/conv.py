@@ -176,9 +176,11 @@ if triton is not None:
                    lo, ch, cmask, mask, K: tl.constexpr, STATE: tl.constexpr):
         """conv of rows [R] for channels ch [CH] -> [R, CH] fp32 (mask: [R, CH]), the taps
         added in order.
-        STATE: some rows reach back before the segment start lo (into the conv state);
-        otherwise only x is read (no state addresses: they took the tile from 119 to 208
-        registers a thread, Triton 3.6, sm_90, 8 warps)."""
+
+        STATE: some rows reach back before the segment start lo, into the conv state;
+        otherwise every tap of the masked rows lies in the segment and only x is read (no
+        state addresses: they took the tile from 119 to 208 registers a thread, Triton 3.6,
+        sm_90, 8 warps)."""
         acc = tl.zeros(mask.shape, dtype=tl.float32)
         for j in tl.static_range(K):
             w = tl.load(w_ptr + ch * stride_w + j, mask=cmask, other=0.0).to(tl.float32)
@@ -187,8 +189,8 @@ if triton is not None:
                 xs = conv_input(x_ptr, stride_x, state_ptr, stride_sc, stride_sk, src, lo,
                                 ch[None, :], mask, K)
             else:
-                xs = tl.load(x_ptr + src.to(tl.int64) * stride_x + ch[None, :],
-                             mask=mask & (src >= lo), other=0.0).to(tl.float32)
+                xs = tl.load(x_ptr + src.to(tl.int64) * stride_x + ch[None, :], mask=mask,
+                             other=0.0).to(tl.float32)
             acc += xs * w[None, :]
         return acc
 

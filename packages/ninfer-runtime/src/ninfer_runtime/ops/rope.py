@@ -170,7 +170,7 @@ def norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: tor
 
 
 if triton is not None:
-    from ninfer_runtime.ops.attention import _store_one
+    from ninfer_runtime.ops.attention import store_token
     from ninfer_runtime.ops.launch import wait_for_inputs
 
     @triton.jit
@@ -249,9 +249,9 @@ if triton is not None:
                     t = (block * (BLOCK_R // HEADS) + i).to(tl.int64)
                     slot = tl.load(slot_mapping + t, mask=t < n_tokens, other=-1)
                     if slot >= 0:  # negative: a captured graph's padding row
-                        _store_one(k_out, nkv * HD, HD, k_cache, k_scale, slot, t, nkv, HEADS,
+                        store_token(k_out, nkv * HD, HD, k_cache, k_scale, slot, t, nkv, HEADS,
                                    GROUPS, GROUP, QUANT)
-                        _store_one(v_ptr, v_st, v_sh, v_cache, v_scale, slot, t, nkv, HEADS,
+                        store_token(v_ptr, v_st, v_sh, v_cache, v_scale, slot, t, nkv, HEADS,
                                    GROUPS, GROUP, QUANT)
 
 
