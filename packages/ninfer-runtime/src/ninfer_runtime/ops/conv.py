@@ -117,7 +117,7 @@ def _launch_conv_varlen(x: torch.Tensor, weight: torch.Tensor, states: torch.Ten
     return out
 
 
-# a program's tile: 32 rows of one sequence by 64 channels, 4 warps (Triton 3.6, sm_90: 120
+# a program's tile: 32 rows of one sequence by 64 channels, 4 warps (Triton 3.6, sm_90: 122
 # registers, 4 programs an SM; 64 x 64 over 8 warps: 121, 2)
 _CONV_ROWS = 32
 _CONV_CHANNELS = 64
