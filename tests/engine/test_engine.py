@@ -77,6 +77,12 @@ def test_the_step_budget_holds_a_decode_step() -> None:
     assert EngineConfig(max_concurrency=4, prefill_chunk=100,
                         max_batched_tokens=256).step_tokens == 256
     assert EngineConfig(max_concurrency=2, prefill_chunk=1, spec="mtp").step_tokens == 8
+    # the default budget: one 8K prompt, or eight 1,024-token chunks, a step
+    assert EngineConfig().step_tokens == EngineConfig(prefill_chunk=1024).step_tokens == 8192
+    assert EngineConfig(max_context=70_000, max_concurrency=16,
+                        prefill_chunk=1024).step_tokens == 8192
+    # unless a decode step of every request is more
+    assert EngineConfig(max_concurrency=4096, spec="mtp").step_tokens == 4096 * 4
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64])

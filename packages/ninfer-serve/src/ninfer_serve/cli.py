@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 import uvicorn
 
-from ninfer_runtime.engine.config import SPEC_METHODS, EngineConfig
+from ninfer_runtime.engine.config import DEFAULT_BATCHED_TOKENS, SPEC_METHODS, EngineConfig
 from ninfer_serve.app import create_app
 from ninfer_serve.client import Engine
 from ninfer_serve.config import MAX_BODY_BYTES, ServeConfig
@@ -78,11 +78,12 @@ def _default_device() -> str:
 @click.option("--max-context", default=EngineConfig.max_context, type=click.IntRange(min=2),
               help="Prompt + completion tokens per request.")
 @click.option("--prefill-chunk", default=EngineConfig.prefill_chunk, type=click.IntRange(min=1),
-              help="Prompt tokens computed per request per step.")
+              help="Prompt tokens computed per request per step, at most.")
 @click.option("--max-batched-tokens", "--max-num-batched-tokens", "max_batched_tokens",
               default=None, type=click.IntRange(min=1),
               help="Tokens computed per step over every request: decode tokens first, then "
-              "prompt chunks. Default: every running request a full chunk.")
+              f"prompt chunks. Default: {DEFAULT_BATCHED_TOKENS} (or a decode step of every "
+              "request, where that is more).")
 @click.option("--kv-dtype", default=EngineConfig.kv_dtype, type=click.Choice(["int8", "bf16"]))
 @click.option("--kv-capacity", default="auto", callback=_kv_capacity,
               help="KV pool size in tokens, or auto (sized from free memory).")

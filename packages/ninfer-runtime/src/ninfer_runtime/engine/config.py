@@ -7,14 +7,20 @@ from typing import Literal
 
 SpecMethod = Literal["none", "mtp", "dflash"]
 SPEC_METHODS = ("none", "mtp", "dflash")
+# A step's tokens when max_batched_tokens is not given (vLLM's default on GPUs of 70 GiB and
+# more): an 8K prompt prefilling alone is one step, whose GEMMs dequantize each weight once
+# (the 27B's 8K prefill 8,500 -> 10,023 tok/s against 1,024-token steps, docs/perf.md,
+# thirteenth run), in the activation workspace eight 1,024-token chunks took before.
+DEFAULT_BATCHED_TOKENS = 8192
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     max_context: int = 8192  # prompt + completion tokens per request
-    prefill_chunk: int = 1024  # prompt tokens computed per request per step
+    prefill_chunk: int = 8192  # prompt tokens computed per request per step, at most
     # tokens computed per step over every request (vLLM's max_num_batched_tokens): decode
-    # tokens first, then prompt chunks in admission order; None: every request a full chunk
+    # tokens first, then prompt chunks in admission order; None: DEFAULT_BATCHED_TOKENS, or a
+    # decode step of max_concurrency requests where that is more
     max_batched_tokens: int | None = None
     kv_dtype: Literal["int8", "bf16"] = "int8"  # INT8 with one scale per 64 elements, or bf16
     kv_capacity: int | Literal["auto"] = "auto"  # KV pool size in tokens
@@ -42,10 +48,9 @@ class EngineConfig:
             raise ValueError(f"draft_tokens must be >= 1, got {self.draft_tokens}")
         if self.lm_head_draft and self.spec == "none":
             raise ValueError("lm_head_draft needs a spec method (mtp or dflash) to draft for")
-        decode = self.max_concurrency * (1 + self.spec_tokens)
-        if self.max_batched_tokens is not None and self.max_batched_tokens < decode:
+        if self.max_batched_tokens is not None and self.max_batched_tokens < self.decode_tokens:
             raise ValueError(f"max_batched_tokens {self.max_batched_tokens} is below a decode "
-                             f"step of max_concurrency requests ({decode} tokens)")
+                             f"step of max_concurrency requests ({self.decode_tokens} tokens)")
 
     @property
     def spec_tokens(self) -> int:
@@ -55,7 +60,12 @@ class EngineConfig:
     @property
     def step_tokens(self) -> int:
         """The most tokens a step computes: every running request a full chunk (a prompt
-        leaves room for one token) or a decode segment, within max_batched_tokens."""
+        leaves room for one token) or a decode segment, within the step's budget."""
         chunk = min(self.prefill_chunk, self.max_context - 1)
-        most = self.max_concurrency * max(chunk, 1 + self.spec_tokens)
-        return most if self.max_batched_tokens is None else min(most, self.max_batched_tokens)
+        budget = self.max_batched_tokens or max(DEFAULT_BATCHED_TOKENS, self.decode_tokens)
+        return min(self.max_concurrency * max(chunk, 1 + self.spec_tokens), budget)
+
+    @property
+    def decode_tokens(self) -> int:
+        """The tokens of a decode (verify) step of max_concurrency requests."""
+        return self.max_concurrency * (1 + self.spec_tokens)
