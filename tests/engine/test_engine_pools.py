@@ -121,7 +121,8 @@ def make_scheduler(pages: int, slots: int, *, concurrency: int = 4, chunk: int =
     kv = KVPool([PagedKV.allocate(TINY, pages, 4, int8=True, dtype=torch.float32,
                                   device="cpu")])
     states = StatePool([GDNSlots.allocate(TINY, slots, dtype=torch.float32, device="cpu")])
-    return Scheduler(concurrency, max_context, chunk, kv, states, step_tokens=step_tokens)
+    return Scheduler(concurrency, max_context, chunk, kv, states, 0,
+                     step_tokens or concurrency * chunk)
 
 
 def state(rid: str, prompt_len: int, max_tokens: int) -> RequestState:

@@ -70,16 +70,13 @@ class Schedule:
 
 class Scheduler:
     def __init__(self, max_concurrency: int, max_context: int, prefill_chunk: int,
-                 kv: KVPool, states: StatePool, spec_tokens: int = 0,
-                 step_tokens: int | None = None):
-        decode = max_concurrency * (1 + spec_tokens)
-        assert step_tokens is None or step_tokens >= decode, \
-            f"step_tokens {step_tokens} cannot hold a decode step ({decode})"
+                 kv: KVPool, states: StatePool, spec_tokens: int, step_tokens: int):
+        """step_tokens: the step's budget (EngineConfig.step_tokens, which checked that it
+        holds a decode step of max_concurrency requests)."""
         self.max_concurrency = max_concurrency
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
-        # None: no limit beyond every request's chunk
-        self.step_tokens = step_tokens or max_concurrency * max(prefill_chunk, 1 + spec_tokens)
+        self.step_tokens = step_tokens
         self.kv = kv
         self.states = states
         self.spec_tokens = spec_tokens  # K: extra KV positions and state slots per request
