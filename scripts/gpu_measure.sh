@@ -22,6 +22,8 @@ build() {  # build SECONDS PROFILE WEIGHTS: with MTP, a random DFlash draft and 
   timeout "$1" python3 -m ninfer_convert.cli build "$2" --random-init --weights "$3" \
     --no-vision --dflash random --lm-head-draft --device cuda -o "$ART/$2_$3.ninfer"
 }
+# the engine's serving defaults (a lone 8K prompt in one step); ninfer-bench keeps 1,024-token chunks
+ONE_STEP="--prefill-chunk 8192 --max-batched-tokens 8192"
 engine() {  # engine SECONDS ARTIFACT-STEM [ninfer-bench engine flags]
   local limit=$1 a=$2; shift 2
   timeout "$limit" python3 -m ninfer_bench.cli engine "$ART/$a.ninfer" \
@@ -73,6 +75,9 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
     dflash27) engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
                 --spec dflash --draft-tokens 7 --lm-head-draft ;;
     eng35) engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 ;;  # a fresh start-up takes >200 s
+    eng35q) engine 200 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown ;;
+    eng27one) engine 240 qwen3_6_27b_nvfp4 --concurrency 1,8 $ONE_STEP --output "$out/one-step" ;;
+    eng35one) engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 $ONE_STEP --output "$out/one-step" ;;
     mtp35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
              --spec mtp --draft-tokens 3 --lm-head-draft ;;
     dflash35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
