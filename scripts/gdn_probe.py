@@ -1,0 +1,141 @@
+"""Where the chunked GDN prompt path's time goes (GPU, one call, ~1-2 min).
+
+The 27B's 8K prefill spent 148 ms of ~1 s of kernels in the three chunked GDN kernels
+(docs/perf.md, eleventh run: prepare 67, scan 52, output 29), ~5x its memory traffic at full
+bandwidth. For one 8,192-token sequence at the 27B and 35B-A3B shapes this prints each
+kernel's time (profiler, averaged over calls), the scan's and the output's time under every
+autotune config (forced one at a time), the share of the prepare kernel that the triangular
+inverse takes (a kernel that only inverts [C, C] tiles, at the prepare kernel's grid and
+warps), and each compiled kernel's registers, spills and shared memory.
+
+    python3 scripts/gdn_probe.py [--tokens 8192] [--models 27B,35B-A3B]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer_bench.kernels.gdn import MODELS
+from ninfer_runtime.ops import gdn
+from ninfer_runtime.profiles import get_profile
+
+CALLS = 5
+
+
+@triton.jit
+def _inverse_kernel(a_ptr, out_ptr, C: tl.constexpr, SUB: tl.constexpr,
+                    SQUARINGS: tl.constexpr):
+    """One [C, C] strictly lower tile per program, inverted as the prepare kernel does."""
+    r = tl.arange(0, C)[:, None] * C + tl.arange(0, C)[None, :]
+    base = tl.program_id(0).to(tl.int64) * C * C
+    a = tl.load(a_ptr + base + r)
+    tl.store(out_ptr + base + r, gdn._unit_lower_inverse(a, C, SUB, SQUARINGS, "tf32"))
+
+
+def _kernel_times(fn) -> dict[str, float]:
+    """Microseconds per call of each kernel fn launches (CALLS calls, after a warm call)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(CALLS):
+            fn()
+        torch.cuda.synchronize()
+    times: dict[str, float] = collections.defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            times[e.name] += e.device_time / CALLS
+    return dict(times)
+
+
+def _resources(kernel) -> list[str]:
+    """registers / spills / shared memory of every compiled variant of a (tuned) kernel."""
+    fn = _jit(kernel)
+    lines = []
+    for cache in getattr(fn, "device_caches", {}).values():
+        for compiled in cache[0].values():
+            meta = compiled.metadata
+            lines.append(f"    regs {compiled.n_regs} spills {compiled.n_spills} shared "
+                         f"{meta.shared} warps {meta.num_warps} stages {meta.num_stages}")
+    return lines
+
+
+def _jit(kernel) -> triton.runtime.JITFunction:
+    return kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
+
+
+def _forced(kernel, fn) -> list[tuple[str, float]]:
+    """fn's time in kernel under each of its autotune configs, one at a time."""
+    configs, rows = list(kernel.configs), []
+    name = kernel.fn.__name__
+    try:
+        for config in configs:
+            kernel.configs = [config]
+            kernel.cache.clear()
+            us = _kernel_times(fn).get(name, float("nan"))
+            rows.append((f"BV {config.kwargs['BV']} warps {config.num_warps} stages "
+                         f"{config.num_stages}", us))
+    finally:
+        kernel.configs = configs
+        kernel.cache.clear()
+    return rows
+
+
+def probe(label: str, tokens: int) -> None:
+    cfg = get_profile(MODELS[label]).config
+    nv, nk = cfg.linear_num_value_heads, cfg.linear_num_key_heads
+    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    dev, bf16 = "cuda", torch.bfloat16
+    torch.manual_seed(0)
+    q, k = (torch.randn(tokens, nk, dk, device=dev, dtype=bf16) for _ in range(2))
+    v = torch.randn(tokens, nv, dv, device=dev, dtype=bf16)
+    g, beta = gdn.gdn_gating(torch.randn(tokens, nv, device=dev),
+                             torch.randn(tokens, nv, device=dev),
+                             torch.rand(nv, device=dev).log(), torch.randn(nv, device=dev))
+    states = torch.zeros(1, nv, dk, dv, device=dev)
+    cu = torch.tensor([0, tokens], dtype=torch.int64, device=dev)
+    slots = torch.zeros(1, dtype=torch.int64, device=dev)
+
+    def run() -> None:
+        gdn.gated_delta_rule_varlen(q, k, v, g, beta, states, cu, slots)
+
+    print(f"\n## {label}: {tokens} tokens, nk {nk}, nv {nv}, dk {dk}, dv {dv}")
+    times = _kernel_times(run)
+    print(f"  all kernels {sum(times.values()):.1f} us a call")
+    for name, us in sorted(times.items(), key=lambda kv: -kv[1]):
+        print(f"  {name[:60]:<60} {us:9.1f} us")
+    for kernel in (gdn._gdn_chunked_kernel, gdn._gdn_chunk_output_kernel):
+        print(f"  {kernel.fn.__name__} per config:")
+        for what, us in _forced(kernel, run):
+            print(f"    {what:<30} {us:9.1f} us")
+    chunks = -(-tokens // gdn.CHUNK_SIZE)
+    c = gdn.CHUNK_SIZE
+    a = (torch.randn(chunks * nv, c, c, device=dev) * 0.1).tril(-1)
+    out = torch.empty_like(a)
+    squarings = max(0, (c // gdn._SUBCHUNK - 1).bit_length() - 1)
+    for warps in (8, 4):
+        us = _kernel_times(lambda w=warps: _inverse_kernel[(chunks * nv,)](
+            a, out, C=c, SUB=gdn._SUBCHUNK, SQUARINGS=squarings, num_warps=w))
+        print(f"  the inverse alone, {chunks * nv} tiles, {warps} warps: "
+              f"{sum(us.values()):9.1f} us")
+    for kernel in (gdn._gdn_chunk_prepare_kernel, gdn._gdn_chunked_kernel,
+                   gdn._gdn_chunk_output_kernel, _inverse_kernel):
+        print(f"  {_jit(kernel).__name__}:")
+        print("\n".join(_resources(kernel)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--models", default="27B,35B-A3B")
+    args = p.parse_args()
+    for label in args.models.split(","):
+        probe(label, args.tokens)
+
+
+if __name__ == "__main__":
+    main()
