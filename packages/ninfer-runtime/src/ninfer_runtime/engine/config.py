@@ -58,12 +58,17 @@ class EngineConfig:
         return 0 if self.spec == "none" else self.draft_tokens
 
     @property
+    def prompt_chunk(self) -> int:
+        """The most prompt tokens of one request a step computes: a chunk, and a prompt
+        leaves room for one token."""
+        return min(self.prefill_chunk, self.max_context - 1)
+
+    @property
     def step_tokens(self) -> int:
-        """The most tokens a step computes: every running request a full chunk (a prompt
-        leaves room for one token) or a decode segment, within the step's budget."""
-        chunk = min(self.prefill_chunk, self.max_context - 1)
+        """The most tokens a step computes: every running request a full chunk or a decode
+        segment, within the step's budget."""
         budget = self.max_batched_tokens or max(DEFAULT_BATCHED_TOKENS, self.decode_tokens)
-        return min(self.max_concurrency * max(chunk, 1 + self.spec_tokens), budget)
+        return min(self.max_concurrency * max(self.prompt_chunk, 1 + self.spec_tokens), budget)
 
     @property
     def decode_tokens(self) -> int:

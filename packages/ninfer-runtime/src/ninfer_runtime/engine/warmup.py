@@ -111,8 +111,7 @@ def warmup_steps(config: EngineConfig, model: ModelConfig, num_sms: int) -> list
     with N divisible by 16 and not), and a decode (verify) step at every batch size, each
     request after DECODE_WARMUP_CONTEXT cached tokens (the graphs' capture runs those shapes
     too, but without graphs they run eagerly, and so does a proposer's pass over them)."""
-    # a prompt leaves room for a token, and a chunk fits in the step's budget
-    chunk = min(config.prefill_chunk, config.max_context - 1, config.step_tokens)
+    chunk = min(config.prompt_chunk, config.step_tokens)
     k, c, budget = config.spec_tokens, config.max_concurrency, config.step_tokens
     steps = [WarmupStep(chunk, 1)]
     if (second := min(chunk, config.max_context - 1 - chunk)) > 0:
