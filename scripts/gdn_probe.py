@@ -6,7 +6,9 @@ bandwidth. For one 8,192-token sequence at the 27B and 35B-A3B shapes this print
 kernel's time (profiler, averaged over calls), the scan's and the output's time under every
 autotune config (forced one at a time), the share of the prepare kernel that the triangular
 inverse takes (a kernel that only inverts [C, C] tiles, at the prepare kernel's grid and
-warps), and each compiled kernel's registers, spills and shared memory.
+warps) against a candidate without serial substitution (recursive doubling), both with
+their error against fp64 on correlated keys, and each compiled kernel's registers, spills and
+shared memory.
 
     python3 scripts/gdn_probe.py [--tokens 8192] [--models 27B,35B-A3B]
 """
@@ -35,6 +37,67 @@ def _inverse_kernel(a_ptr, out_ptr, C: tl.constexpr, SUB: tl.constexpr,
     base = tl.program_id(0).to(tl.int64) * C * C
     a = tl.load(a_ptr + base + r)
     tl.store(out_ptr + base + r, gdn._unit_lower_inverse(a, C, SUB, SQUARINGS, "tf32"))
+
+
+@triton.jit
+def _doubling_inverse(a, C: tl.constexpr, LEVELS: tl.constexpr, PRECISION: tl.constexpr):
+    """(I + a)^-1 by recursive doubling: with X the inverse of the block diagonal of blocks
+    of s (X = I for s = 1) and E the parts of a between the two s-halves of each 2s-block,
+    the 2s-blocks' inverse is (I + X E)^-1 X = X - X E X ((X E)^2 = 0): log2(C) levels of
+    two dots, no serial substitution (a candidate against `gdn._unit_lower_inverse`)."""
+    r = tl.arange(0, C)[:, None]
+    c = tl.arange(0, C)[None, :]
+    x = tl.where(r == c, 1.0, 0.0) - tl.where((r // 2 == c // 2) & (r != c), a, 0.0)
+    for level in tl.static_range(1, LEVELS):  # s = 2^level
+        e = tl.where((r >> (level + 1) == c >> (level + 1)) & (r >> level != c >> level), a,
+                     0.0)
+        x = x - tl.dot(tl.dot(x, e, input_precision=PRECISION), x, input_precision=PRECISION)
+    return x
+
+
+@triton.jit
+def _doubling_kernel(a_ptr, out_ptr, C: tl.constexpr, LEVELS: tl.constexpr,
+                     PRECISION: tl.constexpr):
+    r = tl.arange(0, C)[:, None] * C + tl.arange(0, C)[None, :]
+    base = tl.program_id(0).to(tl.int64) * C * C
+    a = tl.load(a_ptr + base + r)
+    tl.store(out_ptr + base + r, _doubling_inverse(a, C, LEVELS, PRECISION))
+
+
+def _system(tiles: int, c: int, dk: int, device: str) -> torch.Tensor:
+    """Strictly lower A = beta_i exp(G_i - G_j) k_i.k_j of `tiles` chunks whose normalised
+    keys share a common direction (k.k up to ~0.8, as correlated keys make), fp32."""
+    k = torch.randn(tiles, c, dk, device=device) + 2.0 * torch.randn(tiles, 1, dk, device=device)
+    k = k / k.norm(dim=-1, keepdim=True)
+    beta = torch.rand(tiles, c, 1, device=device) * 0.5 + 0.5
+    cum = (-0.05 * torch.rand(tiles, c, device=device)).cumsum(-1)
+    decay = (cum[:, :, None] - cum[:, None, :]).clamp(max=0).exp()
+    return ((beta * k) @ k.transpose(1, 2) * decay).tril(-1)
+
+
+def _inverse_error(a: torch.Tensor, inv: torch.Tensor) -> float:
+    """max |inv - (I + a)^-1| / max |(I + a)^-1| over the tiles, against fp64."""
+    eye = torch.eye(a.shape[-1], dtype=torch.float64, device=a.device)
+    exact = torch.linalg.solve_triangular(eye + a.double(), eye.expand_as(a), upper=False,
+                                          unitriangular=True)
+    return ((inv.double() - exact).abs().amax() / exact.abs().amax()).item()
+
+
+def _inverses(tiles: int) -> None:
+    """The prepare kernel's inverse and the doubling candidate, time and error."""
+    c = gdn.CHUNK_SIZE
+    a = _system(tiles, c, 128, "cuda")
+    out = torch.empty_like(a)
+    squarings = max(0, (c // gdn._SUBCHUNK - 1).bit_length() - 1)
+    runs = [(f"substitution + Neumann, {w} warps", lambda w=w: _inverse_kernel[(tiles,)](
+        a, out, C=c, SUB=gdn._SUBCHUNK, SQUARINGS=squarings, num_warps=w)) for w in (8, 4)]
+    runs += [(f"doubling {p}, {w} warps", lambda w=w, p=p: _doubling_kernel[(tiles,)](
+        a, out, C=c, LEVELS=c.bit_length() - 1, PRECISION=p, num_warps=w))
+        for p in ("tf32", "tf32x3") for w in (8, 4)]
+    for what, fn in runs:
+        us = sum(_kernel_times(fn).values())
+        print(f"  inverse of {tiles} tiles, {what:<34} {us:9.1f} us, "
+              f"rel. error {_inverse_error(a, out):.2e}")
 
 
 def _kernel_times(fn) -> dict[str, float]:
@@ -112,18 +175,9 @@ def probe(label: str, tokens: int) -> None:
         print(f"  {kernel.fn.__name__} per config:")
         for what, us in _forced(kernel, run):
             print(f"    {what:<30} {us:9.1f} us")
-    chunks = -(-tokens // gdn.CHUNK_SIZE)
-    c = gdn.CHUNK_SIZE
-    a = (torch.randn(chunks * nv, c, c, device=dev) * 0.1).tril(-1)
-    out = torch.empty_like(a)
-    squarings = max(0, (c // gdn._SUBCHUNK - 1).bit_length() - 1)
-    for warps in (8, 4):
-        us = _kernel_times(lambda w=warps: _inverse_kernel[(chunks * nv,)](
-            a, out, C=c, SUB=gdn._SUBCHUNK, SQUARINGS=squarings, num_warps=w))
-        print(f"  the inverse alone, {chunks * nv} tiles, {warps} warps: "
-              f"{sum(us.values()):9.1f} us")
+    _inverses(-(-tokens // gdn.CHUNK_SIZE) * nv)
     for kernel in (gdn._gdn_chunk_prepare_kernel, gdn._gdn_chunked_kernel,
-                   gdn._gdn_chunk_output_kernel, _inverse_kernel):
+                   gdn._gdn_chunk_output_kernel, _inverse_kernel, _doubling_kernel):
         print(f"  {_jit(kernel).__name__}:")
         print("\n".join(_resources(kernel)))
 
