@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import types
 
 import torch
 import triton
@@ -100,6 +101,20 @@ def _inverses(tiles: int) -> None:
               f"rel. error {_inverse_error(a, out):.2e}")
 
 
+@triton.jit
+def _doubling_adapter(a, C: tl.constexpr, SUB: tl.constexpr, SQUARINGS: tl.constexpr,
+                      PRECISION: tl.constexpr):
+    tl.static_assert(C == 64, "the probe's chunks")
+    return _doubling_inverse(a, C, 6, PRECISION)
+
+
+def _prepare_with(inverse) -> triton.runtime.JITFunction:
+    """The prepare kernel compiled with another inverse."""
+    fn = gdn._gdn_chunk_prepare_kernel.fn
+    scope = dict(fn.__globals__, _unit_lower_inverse=inverse)
+    return triton.jit(types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__))
+
+
 def _kernel_times(fn) -> dict[str, float]:
     """Microseconds per call of each kernel fn launches (CALLS calls, after a warm call)."""
     fn()
@@ -176,6 +191,19 @@ def probe(label: str, tokens: int) -> None:
         for what, us in _forced(kernel, run):
             print(f"    {what:<30} {us:9.1f} us")
     _inverses(-(-tokens // gdn.CHUNK_SIZE) * nv)
+    reference = gdn.gated_delta_rule_varlen(q, k, v, g, beta, torch.zeros_like(states), cu,
+                                            slots).float()
+    original = gdn._gdn_chunk_prepare_kernel
+    try:
+        gdn._gdn_chunk_prepare_kernel = _prepare_with(_doubling_adapter)
+        us = _kernel_times(run).get("_gdn_chunk_prepare_kernel", float("nan"))
+        got = gdn.gated_delta_rule_varlen(q, k, v, g, beta, torch.zeros_like(states), cu,
+                                          slots).float()
+        print(f"  prepare with the doubling inverse (tf32): {us:9.1f} us; output vs the "
+              f"substitution's: max |diff| {(got - reference).abs().max().item():.3e} "
+              f"(max |o| {reference.abs().max().item():.3e})")
+    finally:
+        gdn._gdn_chunk_prepare_kernel = original
     for kernel in (gdn._gdn_chunk_prepare_kernel, gdn._gdn_chunked_kernel,
                    gdn._gdn_chunk_output_kernel, _inverse_kernel, _doubling_kernel):
         print(f"  {_jit(kernel).__name__}:")
