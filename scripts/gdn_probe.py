@@ -193,17 +193,22 @@ def probe(label: str, tokens: int) -> None:
     _inverses(-(-tokens // gdn.CHUNK_SIZE) * nv)
     reference = gdn.gated_delta_rule_varlen(q, k, v, g, beta, torch.zeros_like(states), cu,
                                             slots).float()
-    original = gdn._gdn_chunk_prepare_kernel
+    original, warps = gdn._gdn_chunk_prepare_kernel, gdn._PREPARE_WARPS
+    variants = [("substitution", original, 4), ("doubling", _prepare_with(_doubling_adapter), 8),
+                ("doubling", _prepare_with(_doubling_adapter), 4)]
     try:
-        gdn._gdn_chunk_prepare_kernel = _prepare_with(_doubling_adapter)
-        us = _kernel_times(run).get("_gdn_chunk_prepare_kernel", float("nan"))
-        got = gdn.gated_delta_rule_varlen(q, k, v, g, beta, torch.zeros_like(states), cu,
-                                          slots).float()
-        print(f"  prepare with the doubling inverse (tf32): {us:9.1f} us; output vs the "
-              f"substitution's: max |diff| {(got - reference).abs().max().item():.3e} "
-              f"(max |o| {reference.abs().max().item():.3e})")
+        for what, kernel, gdn._PREPARE_WARPS in variants:
+            gdn._gdn_chunk_prepare_kernel = kernel
+            us = _kernel_times(run).get("_gdn_chunk_prepare_kernel", float("nan"))
+            got = gdn.gated_delta_rule_varlen(q, k, v, g, beta, torch.zeros_like(states), cu,
+                                              slots).float()
+            print(f"  prepare, {what} inverse, {gdn._PREPARE_WARPS} warps: {us:9.1f} us; "
+                  f"output vs the engine's: max |diff| "
+                  f"{(got - reference).abs().max().item():.3e} (max |o| "
+                  f"{reference.abs().max().item():.3e})")
+            print("\n".join(_resources(kernel)))
     finally:
-        gdn._gdn_chunk_prepare_kernel = original
+        gdn._gdn_chunk_prepare_kernel, gdn._PREPARE_WARPS = original, warps
     for kernel in (gdn._gdn_chunk_prepare_kernel, gdn._gdn_chunked_kernel,
                    gdn._gdn_chunk_output_kernel, _inverse_kernel, _doubling_kernel):
         print(f"  {_jit(kernel).__name__}:")
