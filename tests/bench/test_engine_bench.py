@@ -133,6 +133,21 @@ def test_host_profile_names_the_python_functions_of_a_prefill_and_of_decode_step
     assert "host side of the 3 decode steps ctx20_c2 under cProfile" in text
 
 
+def test_profiled_requests_all_run_when_each_prompt_takes_a_step(artifact: Path) -> None:
+    """With one prompt a step (a budget of one prompt), the first of 8 requests decodes 7
+    tokens before the last is admitted: the profiles' requests (the host's here; the kernel
+    breakdown's take the same, `_room`) must outlast that (the breakdown's asked for 4 tokens
+    before, and the engine bench stopped: never ran together)."""
+    from ninfer_bench.engine_bench import host_profile
+    from ninfer_runtime.engine import Engine, EngineConfig
+
+    eng = Engine.from_artifact(artifact, EngineConfig(
+        max_context=64, max_concurrency=8, prefill_chunk=32, max_batched_tokens=28,
+        device="cpu"))
+    host = host_profile(eng, 20, 8, steps=2, top=200)
+    assert "2 decode steps ctx20_c8" in host and not eng.has_unfinished()
+
+
 def _hook_call(kernel: str, signature: dict[str, str], constants: dict, divisible: list[int]
                ) -> dict:
     """The keywords Triton passes its jit_cache_hook for one kernel variant."""

@@ -220,6 +220,14 @@ def measure_prefill(engine: Engine, length: int) -> float:
     return time.perf_counter() - start
 
 
+def _room(engine: Engine, length: int) -> int:
+    """The most tokens a request of `length` prompt tokens may decode: what a few profiled
+    steps ask for, since the first request of several decodes while the others prefill (the
+    first of 8 prompts of 8K tokens, one step each, decodes 7 tokens before the last starts)
+    and must still run when they all do."""
+    return engine.config.max_context - length
+
+
 def _start_decoding(engine: Engine, prefix: str, length: int, concurrency: int,
                     tokens: int) -> None:
     """Admit `concurrency` requests of `length` prompt tokens and step until all decode."""
@@ -307,7 +315,7 @@ def kernel_breakdown(engine: Engine, length: int, concurrency: int) -> list[tupl
     """CUDA time (us) per kernel name of one eager decode step of `concurrency` requests."""
     from torch.profiler import ProfilerActivity, profile
 
-    _start_decoding(engine, "profile", length, concurrency, 4 * (1 + engine.config.spec_tokens))
+    _start_decoding(engine, "profile", length, concurrency, _room(engine, length))
     graphs, engine.graphs = engine.graphs, None
     try:
         engine.step()  # warm
@@ -360,7 +368,7 @@ def host_profile(engine: Engine, length: int, concurrency: int, steps: int = 16,
     prof.disable()
     out = {f"prefill of {length} tokens": {"seconds": seconds,
                                            "functions": _host_functions(prof, top)}}
-    _start_decoding(engine, "host", length, concurrency, steps + 4)
+    _start_decoding(engine, "host", length, concurrency, _room(engine, length))
     _sync(engine)
     prof = cProfile.Profile()
     start = time.perf_counter()
