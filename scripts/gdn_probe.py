@@ -112,7 +112,9 @@ def _prepare_with(inverse) -> triton.runtime.JITFunction:
     """The prepare kernel compiled with another inverse."""
     fn = gdn._gdn_chunk_prepare_kernel.fn
     scope = dict(fn.__globals__, _unit_lower_inverse=inverse)
-    return triton.jit(types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__))
+    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__)
+    copy.__annotations__ = fn.__annotations__  # which parameters are constexprs
+    return triton.jit(copy)
 
 
 def _kernel_times(fn) -> dict[str, float]:
@@ -194,7 +196,7 @@ def probe(label: str, tokens: int) -> None:
     reference = gdn.gated_delta_rule_varlen(q, k, v, g, beta, torch.zeros_like(states), cu,
                                             slots).float()
     original, warps = gdn._gdn_chunk_prepare_kernel, gdn._PREPARE_WARPS
-    variants = [("substitution", original, 4), ("doubling", _prepare_with(_doubling_adapter), 8),
+    variants = [("substitution", original, 8), ("doubling", _prepare_with(_doubling_adapter), 8),
                 ("doubling", _prepare_with(_doubling_adapter), 4)]
     try:
         for what, kernel, gdn._PREPARE_WARPS in variants:

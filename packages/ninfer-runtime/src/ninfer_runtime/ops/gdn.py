@@ -471,8 +471,11 @@ def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
 _GATING_ROWS = 16
 # Diagonal blocks of the chunk's triangular system solved by substitution (see the kernel).
 _SUBCHUNK = 16
-# The prepare kernel holds a few [64, 128] fp32 tiles: 8 warps keep them in registers.
-_PREPARE_WARPS = 8
+# The prepare kernel holds a few [64, 128] fp32 tiles, which 8 warps keep in registers (255
+# a thread, 1 program an SM) and 4 spill a little (62 spills): yet 4 run the 27B's 8K prompt
+# in 943 us a layer against 1,233, as the inverse alone takes 302 us at 4 warps against 672
+# at 8, its 15 substitution steps each a reduction across warps (docs/perf.md, fourteenth run).
+_PREPARE_WARPS = 4
 
 
 def _configs(options: list[tuple[int, int, int]]) -> list:
@@ -821,11 +824,15 @@ if triton is not None:
 
     # NOTE (sm_90, dk = dv = 128, Triton 3.9): every load feeds a dot, so stages multiply the
     # shared memory (the autotuner skips what does not fit). The scan: 168 KiB at (BV 32, 2
-    # stages), no spills at 8 warps or at BV 16, 56-248 B spilled by the others (it spilled
-    # 200-400 B in every config while it also made the output); the output kernel: 88-160
-    # KiB, 118-128 registers, no spills.
+    # stages), 192 at (BV 64, 2 stages), no spills at 8 warps or at BV 16, 56-248 B spilled
+    # by the others (it spilled 200-400 B in every config while it also made the output); the
+    # output kernel: 88-160 KiB, 118-128 registers, no spills. A lone 27B prompt's scan has
+    # 48 heads x DV / BV programs in one sequential walk: BV 32 makes 192, two rounds of the
+    # 132 SMs (1,208 us for 8K tokens); BV 64 one (1,004 us at 1 stage, the best the H200
+    # timed before the 2-stage BV 64 configs were added).
     _gdn_chunked_kernel = triton.autotune(
-        _configs([(32, 4, 2), (32, 8, 2), (16, 4, 2), (32, 4, 1), (64, 8, 1)]),
+        _configs([(32, 4, 2), (32, 8, 2), (16, 4, 2), (32, 4, 1), (64, 8, 1), (64, 4, 2),
+                  (64, 8, 2)]),
         key=["DK", "DV", "GROUP"],
         prune_configs_by={"early_config_prune": _fit_dv},
         restore_value=["states_ptr"], cache_results=True)(_gdn_chunked_kernel)
