@@ -5,10 +5,10 @@ The 27B's 8K prefill spent 148 ms of ~1 s of kernels in the three chunked GDN ke
 bandwidth. For one 8,192-token sequence at the 27B and 35B-A3B shapes this prints each
 kernel's time (profiler, averaged over calls), the scan's and the output's time under every
 autotune config (forced one at a time), the share of the prepare kernel that the triangular
-inverse takes (a kernel that only inverts [C, C] tiles, at the prepare kernel's grid and
-warps) against a candidate without serial substitution (recursive doubling), both with
-their error against fp64 on correlated keys, and each compiled kernel's registers, spills and
-shared memory.
+inverse takes (a kernel that only inverts [C, C] tiles, at the prepare kernel's grid) and
+its error against fp64 on correlated keys, and each compiled kernel's registers, spills and
+shared memory. (Its first runs timed the substitution inverse against recursive doubling:
+docs/perf.md, fourteenth run.)
 
     python3 scripts/gdn_probe.py [--tokens 8192] [--models 27B,35B-A3B]
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import types
 
 import torch
 import triton
@@ -31,38 +30,13 @@ CALLS = 5
 
 
 @triton.jit
-def _inverse_kernel(a_ptr, out_ptr, C: tl.constexpr, SUB: tl.constexpr,
-                    SQUARINGS: tl.constexpr):
+def _inverse_kernel(a_ptr, out_ptr, C: tl.constexpr, LEVELS: tl.constexpr,
+                    PRECISION: tl.constexpr):
     """One [C, C] strictly lower tile per program, inverted as the prepare kernel does."""
     r = tl.arange(0, C)[:, None] * C + tl.arange(0, C)[None, :]
     base = tl.program_id(0).to(tl.int64) * C * C
     a = tl.load(a_ptr + base + r)
-    tl.store(out_ptr + base + r, gdn._unit_lower_inverse(a, C, SUB, SQUARINGS, "tf32"))
-
-
-@triton.jit
-def _doubling_inverse(a, C: tl.constexpr, LEVELS: tl.constexpr, PRECISION: tl.constexpr):
-    """(I + a)^-1 by recursive doubling: with X the inverse of the block diagonal of blocks
-    of s (X = I for s = 1) and E the parts of a between the two s-halves of each 2s-block,
-    the 2s-blocks' inverse is (I + X E)^-1 X = X - X E X ((X E)^2 = 0): log2(C) levels of
-    two dots, no serial substitution (a candidate against `gdn._unit_lower_inverse`)."""
-    r = tl.arange(0, C)[:, None]
-    c = tl.arange(0, C)[None, :]
-    x = tl.where(r == c, 1.0, 0.0) - tl.where((r // 2 == c // 2) & (r != c), a, 0.0)
-    for level in tl.static_range(1, LEVELS):  # s = 2^level
-        e = tl.where((r >> (level + 1) == c >> (level + 1)) & (r >> level != c >> level), a,
-                     0.0)
-        x = x - tl.dot(tl.dot(x, e, input_precision=PRECISION), x, input_precision=PRECISION)
-    return x
-
-
-@triton.jit
-def _doubling_kernel(a_ptr, out_ptr, C: tl.constexpr, LEVELS: tl.constexpr,
-                     PRECISION: tl.constexpr):
-    r = tl.arange(0, C)[:, None] * C + tl.arange(0, C)[None, :]
-    base = tl.program_id(0).to(tl.int64) * C * C
-    a = tl.load(a_ptr + base + r)
-    tl.store(out_ptr + base + r, _doubling_inverse(a, C, LEVELS, PRECISION))
+    tl.store(out_ptr + base + r, gdn._unit_lower_inverse(a, C, LEVELS, PRECISION))
 
 
 def _system(tiles: int, c: int, dk: int, device: str) -> torch.Tensor:
@@ -85,36 +59,17 @@ def _inverse_error(a: torch.Tensor, inv: torch.Tensor) -> float:
 
 
 def _inverses(tiles: int) -> None:
-    """The prepare kernel's inverse and the doubling candidate, time and error."""
+    """The prepare kernel's inverse alone, time and error, at TF32 (the engine's) and at
+    3xTF32."""
     c = gdn.CHUNK_SIZE
     a = _system(tiles, c, 128, "cuda")
     out = torch.empty_like(a)
-    squarings = max(0, (c // gdn._SUBCHUNK - 1).bit_length() - 1)
-    runs = [(f"substitution + Neumann, {w} warps", lambda w=w: _inverse_kernel[(tiles,)](
-        a, out, C=c, SUB=gdn._SUBCHUNK, SQUARINGS=squarings, num_warps=w)) for w in (8, 4)]
-    runs += [(f"doubling {p}, {w} warps", lambda w=w, p=p: _doubling_kernel[(tiles,)](
-        a, out, C=c, LEVELS=c.bit_length() - 1, PRECISION=p, num_warps=w))
-        for p in ("tf32", "tf32x3") for w in (8, 4)]
-    for what, fn in runs:
-        us = sum(_kernel_times(fn).values())
-        print(f"  inverse of {tiles} tiles, {what:<34} {us:9.1f} us, "
-              f"rel. error {_inverse_error(a, out):.2e}")
-
-
-@triton.jit
-def _doubling_adapter(a, C: tl.constexpr, SUB: tl.constexpr, SQUARINGS: tl.constexpr,
-                      PRECISION: tl.constexpr):
-    tl.static_assert(C == 64, "the probe's chunks")
-    return _doubling_inverse(a, C, 6, PRECISION)
-
-
-def _prepare_with(inverse) -> triton.runtime.JITFunction:
-    """The prepare kernel compiled with another inverse."""
-    fn = gdn._gdn_chunk_prepare_kernel.fn
-    scope = dict(fn.__globals__, _unit_lower_inverse=inverse)
-    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__)
-    copy.__annotations__ = fn.__annotations__  # which parameters are constexprs
-    return triton.jit(copy)
+    for p in ("tf32", "tf32x3"):
+        for w in (8, 4):
+            us = sum(_kernel_times(lambda w=w, p=p: _inverse_kernel[(tiles,)](
+                a, out, C=c, LEVELS=c.bit_length() - 1, PRECISION=p, num_warps=w)).values())
+            print(f"  inverse of {tiles} tiles, {p}, {w} warps: {us:9.1f} us, "
+                  f"rel. error {_inverse_error(a, out):.2e}")
 
 
 def _kernel_times(fn) -> dict[str, float]:
@@ -193,26 +148,8 @@ def probe(label: str, tokens: int) -> None:
         for what, us in _forced(kernel, run):
             print(f"    {what:<30} {us:9.1f} us")
     _inverses(-(-tokens // gdn.CHUNK_SIZE) * nv)
-    reference = gdn.gated_delta_rule_varlen(q, k, v, g, beta, torch.zeros_like(states), cu,
-                                            slots).float()
-    original, warps = gdn._gdn_chunk_prepare_kernel, gdn._PREPARE_WARPS
-    variants = [("substitution", original, 8), ("doubling", _prepare_with(_doubling_adapter), 8),
-                ("doubling", _prepare_with(_doubling_adapter), 4)]
-    try:
-        for what, kernel, gdn._PREPARE_WARPS in variants:
-            gdn._gdn_chunk_prepare_kernel = kernel
-            us = _kernel_times(run).get("_gdn_chunk_prepare_kernel", float("nan"))
-            got = gdn.gated_delta_rule_varlen(q, k, v, g, beta, torch.zeros_like(states), cu,
-                                              slots).float()
-            print(f"  prepare, {what} inverse, {gdn._PREPARE_WARPS} warps: {us:9.1f} us; "
-                  f"output vs the engine's: max |diff| "
-                  f"{(got - reference).abs().max().item():.3e} (max |o| "
-                  f"{reference.abs().max().item():.3e})")
-            print("\n".join(_resources(kernel)))
-    finally:
-        gdn._gdn_chunk_prepare_kernel, gdn._PREPARE_WARPS = original, warps
     for kernel in (gdn._gdn_chunk_prepare_kernel, gdn._gdn_chunked_kernel,
-                   gdn._gdn_chunk_output_kernel, _inverse_kernel, _doubling_kernel):
+                   gdn._gdn_chunk_output_kernel, _inverse_kernel):
         print(f"  {_jit(kernel).__name__}:")
         print("\n".join(_resources(kernel)))
 

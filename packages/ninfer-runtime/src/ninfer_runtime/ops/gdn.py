@@ -27,8 +27,8 @@ Two ops run Triton kernels on the GPU (the references stay the oracle and the CP
   each head group to finish takes the group's heads (a second ticket).
 * `gated_delta_rule_varlen`: the chunked (WY/UT) form in three launches. First, in parallel
   over every (chunk, value head), what does not depend on the state: the chunk's unit
-  lower-triangular system inverted blockwise (16x16 diagonal blocks by substitution, then a
-  Neumann product for the off-diagonal blocks) and applied, w = inv (beta exp(G) K) and
+  lower-triangular system inverted by recursive doubling (blocks of 2, 4, .. 64, two dots
+  a level) and applied, w = inv (beta exp(G) K) and
   u = inv (beta V), plus the normalised q and k, into an fp32 workspace. Then one program
   per (sequence, value head, dv block) carries its [dk, BV] state tile across the sequence's
   chunks with two tensor-core dots a chunk (delta = u - w S, the state update), storing
@@ -444,12 +444,11 @@ def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     qn, kn = (torch.empty(n, nk, dk, dtype=torch.float32, device=v.device) for _ in range(2))
     w = torch.empty(n, nv, dk, dtype=torch.float32, device=v.device)
     u = torch.empty(n, nv, dv, dtype=torch.float32, device=v.device)
-    nblocks = CHUNK_SIZE // _SUBCHUNK
     _gdn_chunk_prepare_kernel[(num_blocks(n, seqs, CHUNK_SIZE), nv)](
         q, k, v, g, beta, qn, kn, w, u, cu_seqlens, seqs, q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-        dk**-0.5, GROUP=nv // nk, DK=dk, DV=dv, C=CHUNK_SIZE, SUB=_SUBCHUNK,
-        SQUARINGS=max(0, (nblocks - 1).bit_length() - 1), BV=min(dv, 64),
+        dk**-0.5, GROUP=nv // nk, DK=dk, DV=dv, C=CHUNK_SIZE,
+        LEVELS=CHUNK_SIZE.bit_length() - 1, BV=min(dv, 64),
         PRECISION=precision, num_warps=_PREPARE_WARPS)
 
     # the scan's products for the output kernel: each chunk's delta and starting state
@@ -469,12 +468,9 @@ def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
 
 # tokens per program of the gating kernel
 _GATING_ROWS = 16
-# Diagonal blocks of the chunk's triangular system solved by substitution (see the kernel).
-_SUBCHUNK = 16
 # The prepare kernel holds a few [64, 128] fp32 tiles, which 8 warps keep in registers (255
-# a thread, 1 program an SM) and 4 spill a little (62 spills): yet 4 run the 27B's 8K prompt
-# in 943 us a layer against 1,233, as the inverse alone takes 302 us at 4 warps against 672
-# at 8, its 15 substitution steps each a reduction across warps (docs/perf.md, fourteenth run).
+# a thread, 1 program an SM) and 4 spill a little: yet 4 run the 27B's 8K prompt in 624 us a
+# layer against 978 (docs/perf.md, fourteenth run).
 _PREPARE_WARPS = 4
 
 
@@ -646,36 +642,25 @@ if triton is not None:
                                     ROUND_PRODUCT, OPERAND, OPERAND_SUMS, NORM_HEADS, DV, ".cg")
 
     @triton.jit
-    def _unit_lower_inverse(a, C: tl.constexpr, SUB: tl.constexpr, SQUARINGS: tl.constexpr,
+    def _unit_lower_inverse(a, C: tl.constexpr, LEVELS: tl.constexpr,
                             PRECISION: tl.constexpr):
-        """(I + a)^-1 for a strictly lower-triangular [C, C] tile.
-
-        With Lb the block diagonal of L = I + a (blocks SUB x SUB) and a_off the rest,
-        L = Lb (I + N), N = Lb^-1 a_off strictly block-lower, so N^(C/SUB) = 0 and
-        L^-1 = (I - N)(I + N^2)(I + N^4).. Lb^-1. Lb^-1 comes from forward substitution,
-        one row of every diagonal block per step: the blocks occupy disjoint columns, so a
-        step's rows fold into one vector. Substitution keeps the blocks exact; the product
-        only ever sees N, which stays small where the powers of a would not.
-        """
+        """(I + a)^-1 for a strictly lower-triangular [C, C] tile (C = 2^LEVELS), by
+        recursive doubling: with x the inverse of the block diagonal of I + a in blocks of s
+        (x = I - a's in-block part for s = 2) and e the part of a between the two s-halves of
+        each 2s-block, the inverse in blocks of 2s is (I + x e)^-1 x = x - x e x, since
+        (x e)^2 = 0. Two dots a level and no serial substitution (one barrier-bound step per
+        row before, 127 barriers in the sm_90 code against 21). Every product is of blocks
+        of the true inverse and of a, as in blocked substitution: no powers of a, which grow
+        where the inverse does not."""
         r = tl.arange(0, C)[:, None]
         c = tl.arange(0, C)[None, :]
-        same = (r // SUB) == (c // SUB)
-        eye = tl.where(r == c, 1.0, 0.0)
-        diag = tl.where(same, a, 0.0)
-        d = eye
-        for i in tl.static_range(1, SUB):
-            rows = (r % SUB) == i
-            coef = tl.sum(tl.where(rows, diag, 0.0), axis=0)  # row i of each block, folded
-            new = tl.where(tl.arange(0, C) % SUB == i, 1.0, 0.0) - tl.sum(
-                coef[:, None] * d, axis=0)
-            d = tl.where(rows & same, new[None, :], d)
-        n = tl.dot(d, tl.where(same, 0.0, a), input_precision=PRECISION)
-        m = eye - n
-        p = n
-        for _ in tl.static_range(SQUARINGS):
-            p = tl.dot(p, p, input_precision=PRECISION)
-            m = tl.dot(m, eye + p, input_precision=PRECISION)
-        return tl.dot(m, d, input_precision=PRECISION)
+        x = tl.where(r == c, 1.0, 0.0) - tl.where((r // 2 == c // 2) & (r != c), a, 0.0)
+        for level in tl.static_range(1, LEVELS):  # blocks of s = 2^level -> 2s
+            e = tl.where((r >> (level + 1) == c >> (level + 1)) & (r >> level != c >> level),
+                         a, 0.0)
+            x = x - tl.dot(tl.dot(x, e, input_precision=PRECISION), x,
+                           input_precision=PRECISION)
+        return x
 
     @triton.jit
     def _gdn_chunk_prepare_kernel(
@@ -683,7 +668,7 @@ if triton is not None:
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_g,
         stride_beta, scale,
         GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
-        SUB: tl.constexpr, SQUARINGS: tl.constexpr, BV: tl.constexpr,
+        LEVELS: tl.constexpr, BV: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
         """Program (chunk, value head h): the chunk's state-independent terms, with inv the
@@ -721,7 +706,7 @@ if triton is not None:
         k_beta = kn * beta[:, None]
         a = tl.where(strict, tl.dot(k_beta, tl.trans(kn), input_precision=PRECISION) * decay,
                      0.0)
-        inv = _unit_lower_inverse(a, C, SUB, SQUARINGS, PRECISION)
+        inv = _unit_lower_inverse(a, C, LEVELS, PRECISION)
         w = tl.dot(inv, k_beta * tl.exp(cum)[:, None], input_precision=PRECISION)
         tl.store(w_ptr + row * (nv * DK) + h * DK + dk, w, mask=live[:, None])
         for v0 in tl.static_range(0, DV, BV):  # u by column blocks: fewer live registers
@@ -822,22 +807,19 @@ if triton is not None:
         tl.store(o_ptr + row * stride_ot + h * stride_oh + dv[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=live[:, None])
 
-    # NOTE (sm_90, dk = dv = 128, Triton 3.9): every load feeds a dot, so stages multiply the
-    # shared memory (the autotuner skips what does not fit). The scan: 168 KiB at (BV 32, 2
-    # stages), 192 at (BV 64, 2 stages), no spills at 8 warps or at BV 16, 56-248 B spilled
-    # by the others (it spilled 200-400 B in every config while it also made the output); the
-    # output kernel: 88-160 KiB, 118-128 registers, no spills. A lone 27B prompt's scan has
-    # 48 heads x DV / BV programs in one sequential walk: BV 32 makes 192, two rounds of the
-    # 132 SMs (1,208 us for 8K tokens); BV 64 one (1,004 us at 1 stage, the best the H200
-    # timed before the 2-stage BV 64 configs were added).
+    # NOTE (sm_90, dk = dv = 128): every load feeds a dot, so stages multiply the shared
+    # memory (the scan: 168 KiB at BV 32, 192 at BV 64, 2 stages each; the output: 113 KiB).
+    # Timed on the H200 over a lone 8K prompt (docs/perf.md, fourteenth run), of 7 scan
+    # configs (BV 16-64, 4 or 8 warps, 1 or 2 stages) and 5 output ones, only these won: the
+    # scan at BV 64 for the 27B (48 heads x 2 programs, one round of the 132 SMs: 752 us;
+    # BV 32 makes two rounds, 1,219) and BV 32 for the 35B (32 heads: 698 us against 759);
+    # the output at BV 64, 4 warps for both (467 and 329 us; the tuner, timing 5 configs
+    # there, took 643-666 and 412 on two runs: one config leaves it nothing to mis-time).
     _gdn_chunked_kernel = triton.autotune(
-        _configs([(32, 4, 2), (32, 8, 2), (16, 4, 2), (32, 4, 1), (64, 8, 1), (64, 4, 2),
-                  (64, 8, 2)]),
-        key=["DK", "DV", "GROUP"],
+        _configs([(64, 4, 2), (32, 4, 2)]), key=["DK", "DV", "GROUP"],
         prune_configs_by={"early_config_prune": _fit_dv},
         restore_value=["states_ptr"], cache_results=True)(_gdn_chunked_kernel)
     _gdn_chunk_output_kernel = triton.autotune(
-        _configs([(32, 4, 2), (64, 4, 2), (64, 8, 2), (128, 8, 1), (32, 4, 1)]),
-        key=["DK", "DV", "GROUP"],
+        _configs([(64, 4, 2)]), key=["DK", "DV", "GROUP"],
         prune_configs_by={"early_config_prune": _fit_dv},
         cache_results=True)(_gdn_chunk_output_kernel)
