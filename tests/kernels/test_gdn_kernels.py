@@ -236,7 +236,8 @@ def test_chunked_varlen_matches_reference(lengths: list[int], dtype: torch.dtype
 
 def test_chunked_is_stable_on_correlated_keys() -> None:
     """Nearly identical keys with beta ~ 1 and no decay: the triangular system's power series
-    would blow up; the blockwise inverse must still match the recurrence."""
+    would blow up; the inverse by recursive doubling (products of the inverse's own blocks)
+    must still match the recurrence."""
     n = 130
     x = chunked_inputs(n, torch.float32)
     x["k"] = rand(1, NK, DK, seed=9) + 0.01 * x["k"]
