@@ -249,6 +249,22 @@ def test_the_router_routes_in_its_last_row_tile(tokens: int, shared: bool) -> No
         assert operand is None and torch.equal(ids, expect[1])
 
 
+@pytest.mark.parametrize("tokens", [1, 3, DECODE_MAX_TOKENS + 5])
+def test_the_router_routes_only_its_columns(tokens: int) -> None:
+    """A weight padded with zero rows (models.weights.ROUTER_ROWS) routes over its first
+    `columns` rows only: the ids and weights of the unpadded weight, at decode sizes (one
+    launch) and for a prompt's rows (its GEMM over every row)."""
+    experts, hidden = 40, 384
+    x = (torch.randn(tokens, hidden, generator=gen(7)) * 4).to(DEVICE, HALF)
+    w = (torch.randn(experts + 1, hidden, generator=gen(8)) * hidden**-0.5).to(DEVICE, HALF)
+    padded = torch.cat([w, w.new_zeros(7, hidden)])
+    weights, ids, _ = moe.router(x, padded, 4, True, None, experts + 1)
+    expect = moe.router(x, w, 4, True, None)
+    assert ids.shape == (tokens, 5) and int(ids.max()) <= experts
+    assert torch.equal(ids, expect[1])
+    torch.testing.assert_close(weights, expect[0], rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("scheme", ["nvfp4", "int4"])
 def test_the_router_hands_the_gate_up_stage_its_operand(scheme: str) -> None:
     """The router's kernel writes x's operand for the tensor-core gate|up stage

@@ -130,7 +130,7 @@ def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig) -> torch.Tensor
     kernel can write x's operand for the experts' gate|up stage."""
     weights, ids, operand = router(
         x, w.router_and_gate, cfg.num_experts_per_tok, True,
-        gate_up_operand_spec(x, w.experts_gate_up, w.experts_down))
+        gate_up_operand_spec(x, w.experts_gate_up, w.experts_down), cfg.num_experts + 1)
     return moe_experts(x, w.experts_gate_up, w.experts_down, weights, ids, operand)
 
 

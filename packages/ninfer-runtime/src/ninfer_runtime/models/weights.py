@@ -114,6 +114,15 @@ class MLPWeights:
                    r.linear(p + "down_proj.weight", hidden, inter))
 
 
+# A prompt's router GEMM gives logits [T, E + 1] (257 columns on the 35B-A3B): rows of 514
+# bytes, not 16-byte aligned, which cuBLAS multiplies on an old slow path. The 35B's 8K prefill
+# spent 7.4 ms (2.0%) in `cutlass_75_tensorop_s1688gemm_bf16_128x128_tn_al..` at ~47 TFLOP/s,
+# the one GEMM of its kind there (docs/perf.md, eleventh run; the router's by elimination,
+# untimed since). Zero rows up to a multiple of 8 keep every row aligned; the router reads
+# the first E + 1 columns.
+ROUTER_ROWS = 8
+
+
 @dataclass(frozen=True)
 class MoEWeights:
     """The routed experts with the shared expert stacked after them as expert E: one MoE pass
@@ -121,8 +130,9 @@ class MoEWeights:
     `route(..., shared=True)`), which takes the shared expert's five kernels and its gating's
     two off every layer."""
 
-    # the router's E rows, then the shared expert's gate row: one GEMM gives both
-    router_and_gate: torch.Tensor  # [E + 1, H]
+    # the router's E rows, then the shared expert's gate row (one GEMM gives both), then zero
+    # rows to a multiple of ROUTER_ROWS (see there)
+    router_and_gate: torch.Tensor  # [E + 1 rounded up, H]
     experts_gate_up: Weight  # [E + 1, 2I, H]
     experts_down: Weight  # [E + 1, H, I]
 
@@ -136,9 +146,10 @@ class MoEWeights:
                 "NInfer runs the shared expert stacked with them (every Qwen3.5/3.6 MoE has them "
                 "equal)")
         shared = MLPWeights.load(r, p + "shared_expert.", h, inter)
+        router = torch.cat([r.take(p + "router.weight", (e, h)),
+                            r.take(p + "shared_expert_gate.weight", (1, h))])
         return cls(
-            router_and_gate=torch.cat([r.take(p + "router.weight", (e, h)),
-                                       r.take(p + "shared_expert_gate.weight", (1, h))]),
+            router_and_gate=torch.cat([router, router.new_zeros(-(e + 1) % ROUTER_ROWS, h)]),
             experts_gate_up=_stack(r.take(p + "experts.gate_up_proj", (e, 2 * inter, h),
                                           packed=True), shared.gate_up_proj),
             experts_down=_stack(r.take(p + "experts.down_proj", (e, h, inter), packed=True),

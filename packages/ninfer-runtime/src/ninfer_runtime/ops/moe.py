@@ -178,15 +178,17 @@ def route(router_logits: torch.Tensor, top_k: int, shared: bool = False
 
 
 def router(x: torch.Tensor, w: torch.Tensor, top_k: int, shared: bool,
-           spec: tuple[int, bool] | None
+           spec: tuple[int, bool] | None, columns: int | None = None
            ) -> tuple[torch.Tensor, torch.Tensor, quant_linear.DecodeOperand | None]:
     """route(linear(x, w), top_k, shared) for x [T, H] and the router's weight w [E (+1), H],
     and x's decode operand of `spec` for the gate|up stage (`gate_up_operand_spec`, or None).
     At decode sizes one launch (`_router_kernel`: skinny_linear's product, whose last row
     tile routes) where linear, route and an activation pass were three; elsewhere those ops
-    (the operand None)."""
-    if not (use_triton(x, w) and skinny_linear.applies(x, w)):
-        return (*route(linear(x, w), top_k, shared), None)
+    (the operand None). With `columns`, only w's first `columns` rows route: the rest are
+    zero rows that align a prompt's logits for its GEMM (models.weights.ROUTER_ROWS)."""
+    if not (use_triton(x, w) and skinny_linear.applies(x, w[:columns])):
+        return (*route(linear(x, w)[:, :columns], top_k, shared), None)
+    w = w[:columns]
     launch = skinny_linear.Launch.of(x, w.shape[0])
     weights, ids, constexprs = _routing(x.shape[0], w.shape[0], top_k, shared, x.device)
     operand = None if spec is None else quant_linear.DecodeOperand.empty(*x.shape, *spec,
