@@ -27,14 +27,13 @@ Two ops run Triton kernels on the GPU (the references stay the oracle and the CP
   each head group to finish takes the group's heads (a second ticket).
 * `gated_delta_rule_varlen`: the chunked (WY/UT) form in three launches. First, in parallel
   over every (chunk, value head), what does not depend on the state: the chunk's unit
-  lower-triangular system inverted by recursive doubling (blocks of 2, 4, .. 64, two dots
-  a level) and applied, w = inv (beta exp(G) K) and
-  u = inv (beta V), plus the normalised q and k, into an fp32 workspace. Then one program
-  per (sequence, value head, dv block) carries its [dk, BV] state tile across the sequence's
-  chunks with two tensor-core dots a chunk (delta = u - w S, the state update), storing
-  each chunk's delta and starting state; no chunk's inverse, and none of the output's
-  three dots, sits on that sequential path. Last, in parallel over every (chunk, value
-  head, dv block) again, the outputs from those.
+  lower-triangular system inverted by recursive doubling (blocks of 2, 4, .. 64, two dots a
+  level) and applied, w = inv (beta exp(G) K) and u = inv (beta V), plus the normalised q
+  and k, into an fp32 workspace. Then one program per (sequence, value head, dv block)
+  carries its [dk, BV] state tile across the sequence's chunks with two tensor-core dots a
+  chunk (delta = u - w S, the state update), storing each chunk's delta and starting state;
+  no chunk's inverse, and none of the output's three dots, sits on that sequential path.
+  Last, in parallel over every (chunk, value head, dv block) again, the outputs from those.
 """
 
 from __future__ import annotations
