@@ -16,12 +16,12 @@ docs/perf.md, fourteenth run.)
 from __future__ import annotations
 
 import argparse
-import collections
 
 import torch
 import triton
 import triton.language as tl
 
+from ninfer_bench.engine_bench import by_kernel
 from ninfer_bench.kernels.gdn import MODELS
 from ninfer_runtime.ops import gdn
 from ninfer_runtime.profiles import get_profile
@@ -80,11 +80,7 @@ def _kernel_times(fn) -> dict[str, float]:
         for _ in range(CALLS):
             fn()
         torch.cuda.synchronize()
-    times: dict[str, float] = collections.defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            times[e.name] += e.device_time / CALLS
-    return dict(times)
+    return {name: us / CALLS for name, us in by_kernel(prof)}
 
 
 def _resources(kernel) -> list[str]:

@@ -327,7 +327,7 @@ def kernel_breakdown(engine: Engine, length: int, concurrency: int) -> list[tupl
         engine.graphs = graphs
     while engine.has_unfinished():
         engine.step()
-    return _by_kernel(prof)
+    return by_kernel(prof)
 
 
 def prefill_breakdown(engine: Engine, length: int) -> list[tuple[str, float]]:
@@ -337,7 +337,7 @@ def prefill_breakdown(engine: Engine, length: int) -> list[tuple[str, float]]:
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         measure_prefill(engine, length)
-    return _by_kernel(prof)
+    return by_kernel(prof)
 
 
 @dataclass(frozen=True)
@@ -384,7 +384,7 @@ def host_profile(engine: Engine, length: int, concurrency: int, steps: int = 16,
     return out
 
 
-def _by_kernel(prof: object) -> list[tuple[str, float]]:
+def by_kernel(prof: object) -> list[tuple[str, float]]:
     """A profile's CUDA time (us) summed per kernel name, largest first."""
     totals: dict[str, float] = defaultdict(float)
     for event in prof.events():

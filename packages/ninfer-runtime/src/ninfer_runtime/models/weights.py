@@ -146,10 +146,10 @@ class MoEWeights:
                 "NInfer runs the shared expert stacked with them (every Qwen3.5/3.6 MoE has them "
                 "equal)")
         shared = MLPWeights.load(r, p + "shared_expert.", h, inter)
-        router = torch.cat([r.take(p + "router.weight", (e, h)),
-                            r.take(p + "shared_expert_gate.weight", (1, h))])
+        gate = r.take(p + "shared_expert_gate.weight", (1, h))
         return cls(
-            router_and_gate=torch.cat([router, router.new_zeros(-(e + 1) % ROUTER_ROWS, h)]),
+            router_and_gate=torch.cat([r.take(p + "router.weight", (e, h)), gate,
+                                       gate.new_zeros(-(e + 1) % ROUTER_ROWS, h)]),
             experts_gate_up=_stack(r.take(p + "experts.gate_up_proj", (e, 2 * inter, h),
                                           packed=True), shared.gate_up_proj),
             experts_down=_stack(r.take(p + "experts.down_proj", (e, h, inter), packed=True),

@@ -186,9 +186,10 @@ def router(x: torch.Tensor, w: torch.Tensor, top_k: int, shared: bool,
     tile routes) where linear, route and an activation pass were three; elsewhere those ops
     (the operand None). With `columns`, only w's first `columns` rows route: the rest are
     zero rows that align a prompt's logits for its GEMM (models.weights.ROUTER_ROWS)."""
-    if not (use_triton(x, w) and skinny_linear.applies(x, w[:columns])):
+    routed = w[:columns]
+    if not (use_triton(x, w) and skinny_linear.applies(x, routed)):
         return (*route(linear(x, w)[:, :columns], top_k, shared), None)
-    w = w[:columns]
+    w = routed
     launch = skinny_linear.Launch.of(x, w.shape[0])
     weights, ids, constexprs = _routing(x.shape[0], w.shape[0], top_k, shared, x.device)
     operand = None if spec is None else quant_linear.DecodeOperand.empty(*x.shape, *spec,
