@@ -172,7 +172,7 @@ def gemm_variants(tmp: Path) -> None:
 
 MOE_ARGS = ("a", "stride_am", "w", "scale", "aux", "stride_we", "stride_wn", "stride_se",
             "stride_sn", "stride_ae", "stride_an", "out", "stride_om", "sorted_slots",
-            "block_expert", "route_weights", "N", "K", "num_pairs", "top_k")
+            "block_expert", "N", "K", "num_pairs", "top_k")
 # (weight, scale, aux) pointer types of the grouped GEMM per scheme, as _launch_grouped passes
 MOE_PARTS = {"nvfp4": ("*i32", "*fp8e4nv", "*fp32"), "groupwise-int": ("*i32", "*bf16", "*u8")}
 
@@ -185,8 +185,8 @@ def moe_variants(tmp: Path, block_m: int = 64) -> None:
             for cfg in moe._gemm_configs():
                 kw = cfg.kwargs
                 sig = dict(zip(MOE_ARGS, ("*bf16", "i32", *MOE_PARTS[scheme], *["i32"] * 6,
-                                          "*bf16", "i32", "*i64", "*i64", "*fp32",
-                                          *["i32"] * 4), strict=True))
+                                          "*bf16", "i32", "*i64", "*i64", *["i32"] * 4),
+                                      strict=True))
                 cst = {"SCHEME": mid, "QSCHEME": layout.scheme, "WPS": layout.words_per_scale,
                        "SWIGLU": swiglu, "BLOCK_M": block_m, "BLOCK_N": kw["BLOCK_N"],
                        "BLOCK_K": kw["BLOCK_K"], "EVEN_K": True, "DOT_PRECISION": "tf32"}

@@ -54,6 +54,17 @@ def test_warm_up_meets_every_key_a_step_can_have(profile: str, sms: int, engine:
     assert met(warmup_steps(config, model, sms), model, sms) == every
 
 
+@pytest.mark.parametrize("chunk,dequantized", [(8192, True), (1024, False)])
+def test_long_35b_prompt_steps_warm_the_dequantized_experts(chunk: int,
+                                                           dequantized: bool) -> None:
+    """An 8K prompt step has ~287 pairs per stacked expert: the dequantized MoE path (whose
+    kernels then compile in the warm-up); 1,024-token chunks stay in registers."""
+    config = EngineConfig(prefill_chunk=chunk, max_batched_tokens=chunk, max_context=70_000)
+    model = PROFILES["qwen3_6_35b_a3b"].config
+    assert (("moe", "dequantized") in met(warmup_steps(config, model, H200_SMS), model,
+                                           H200_SMS)) == dequantized
+
+
 def test_the_27b_warm_up_at_chunk_1024_and_8_requests() -> None:
     config = EngineConfig(prefill_chunk=1024, max_concurrency=8, max_context=70_000)
     steps = warmup_steps(config, PROFILES["qwen3_6_27b"].config, H200_SMS)

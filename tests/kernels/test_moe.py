@@ -305,3 +305,64 @@ def test_the_gate_up_stage_hands_the_down_stage_its_operand(scheme: str, inter: 
     assert torch.equal(handed.xo, expect.xo) and torch.equal(handed.inv, expect.inv)
     assert not handed.sums or torch.equal(handed.xsum, expect.xsum)
     assert not quant_linear.tile_counters(x.device, 1).any()
+
+
+# the interpreter casts fp32 to bf16 by truncation: bf16's bits on the GPU only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16]
+                         + [torch.bfloat16] * (DEVICE == "cuda"))
+@pytest.mark.parametrize("scheme", ["nvfp4", "int4"])
+def test_stacked_experts_dequantize_to_the_reference_bits(scheme: str,
+                                                          dtype: torch.dtype) -> None:
+    """The dequantized path's weights (quant_linear.dequantize of a stacked [E, N, K] weight,
+    the nvfp4 global scale folded in) are PackedWeight.dequantize's bits."""
+    w = stacked(scheme, 3, 40, 256, seed=6, dtype=dtype)
+    got = quant_linear.dequantize(w, dtype)
+    assert got.shape == (3, 40, 256) and got.dtype == dtype
+    assert torch.equal(got, w.dequantize(dtype))
+
+
+def dequantized_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the dequantized path's launches into the returned list."""
+    ran: list[int] = []
+    path = moe._launch_moe_dequantized
+    monkeypatch.setattr(moe, "_launch_moe_dequantized", lambda *a: ran.append(1) or path(*a))
+    return ran
+
+
+# (scheme, tokens, hidden, inter): packed K off the dequant kernel's 256-wide nvfp4 tile;
+# experts left unused (routing over 3 of the 8: empty groups in the grouped GEMM)
+DEQUANTIZED_CASES = [("plain", 33, 40, 24), ("nvfp4", 40, 384, 48), ("int4", 24, 256, 128)]
+
+
+@pytest.mark.parametrize("used", [8, 3])
+@pytest.mark.parametrize("case", DEQUANTIZED_CASES)
+def test_the_dequantized_prompt_path(case: tuple[str, int, int, int], used: int,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 prompts with enough pairs per expert: each stacked weight dequantized once and
+    torch's grouped GEMM over the pairs sorted by expert, then the weighted sum per token."""
+    monkeypatch.setattr(moe, "DEQUANT_MIN_ROWS", 0)
+    ran = dequantized_runs(monkeypatch)
+    x, gate_up, down, weights, ids = experts_case(*case, torch.bfloat16)
+    ids = ids % used
+    ids[:, 1] = (ids[:, 0] + 1) % used  # distinct slots, as routing gives
+    out = moe_experts(x, gate_up, down, weights, ids)
+    expected = moe_experts_ref(x.float(), as_fp32(gate_up), as_fp32(down), weights, ids)
+    assert ran == [1] and out.dtype == torch.bfloat16 and out.shape == x.shape
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2,
+                               atol=2e-2 * expected.abs().max().item())
+
+
+def test_prompts_take_the_dequantized_path_from_enough_rows_per_expert(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packed experts: from DEQUANT_MIN_ROWS pairs per stacked expert, and bf16 activations
+    only (torch's grouped GEMM); below it, or in fp16, the in-register path."""
+    ran = dequantized_runs(monkeypatch)
+    x, gate_up, down, weights, ids = experts_case("nvfp4", 17, 64, 48, torch.bfloat16)
+    monkeypatch.setattr(moe, "DEQUANT_MIN_ROWS", 5)  # 8 experts x 5 > 34 pairs
+    moe_experts(x, gate_up, down, weights, ids)
+    assert ran == []
+    monkeypatch.setattr(moe, "DEQUANT_MIN_ROWS", 4)
+    moe_experts(x.half(), gate_up, down, weights, ids)
+    assert ran == []
+    moe_experts(x, gate_up, down, weights, ids)
+    assert ran == [1]

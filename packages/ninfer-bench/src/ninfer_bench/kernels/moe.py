@@ -3,10 +3,14 @@
 `moe_experts` is timed whole with bf16, nvfp4 and groupwise-int experts, plus `route`. Decode
 (1, 8 and 16 tokens: the GEMV path, gate|up + SiLU then down summed per token) is memory-bound:
 its ratio is the bytes of the experts the step routes to (each counted once) over the copy
-bandwidth. A 4096-token prefill (align, grouped GEMMs, sum over slots) is compute-bound: its
-ratio is 2 * T * k * 3 * H * I FLOPs over the bf16 tensor-core rate. Weights are random bytes
-in the stored layouts; routing is random (uniform) and changes from call to call (a rotation of
-ROUTINGS draws), so consecutive calls read different experts, as consecutive layers do.
+bandwidth. Prompts of 1,024-8,192 tokens are compute-bound: their ratio is 2 * T * k * 3 * H *
+I FLOPs over the bf16 tensor-core rate. Each prompt size times both of ops.moe's prompt
+paths, called directly whatever `moe_experts` would pick: in registers (align, grouped GEMMs
+decoding their weight tiles per block, the weighted sum) and dequantized (each stacked weight
+dequantized once, torch's grouped GEMM): where they cross sets ops.moe.DEQUANT_MIN_ROWS.
+Weights are random bytes in the stored layouts; routing is random (uniform) and changes from
+call to call (a rotation of ROUTINGS draws), so consecutive calls read different experts, as
+consecutive layers do.
 
 Decode and route times are per call from CUDA-graph replays of many calls (as the engine
 replays its decode step): a decode call is shorter than its Python launch overhead, which plain
@@ -21,7 +25,14 @@ from collections.abc import Callable
 
 import torch
 
-from ninfer_runtime.ops.moe import moe_experts, moe_experts_ref, route, route_ref
+from ninfer_runtime.ops.moe import (
+    _launch_moe_dequantized,
+    _launch_moe_experts,
+    moe_experts,
+    moe_experts_ref,
+    route,
+    route_ref,
+)
 from ninfer_runtime.profiles import get_profile
 from ninfer_runtime.quant import PackedWeight, get_scheme
 
@@ -29,7 +40,9 @@ HBM_BYTES_PER_S = 4.24e12
 BF16_FLOPS_PER_S = 789e12
 PROFILE = "qwen3_6_35b_a3b"
 DECODE_TOKENS = (1, 8, 16)
-PREFILL_TOKENS = (4096,)
+PREFILL_TOKENS = (1024, 4096, 8192)
+# the two prompt paths themselves, whichever moe_experts would pick
+PROMPT_PATHS = {"in registers": _launch_moe_experts, "dequantized": _launch_moe_dequantized}
 SCHEMES = ("bf16", "nvfp4", "groupwise-int")
 ROUTINGS = 16  # routing draws rotated through by consecutive timed calls
 
@@ -88,28 +101,25 @@ def _route_row(t: int, e: int, k: int, device: str) -> dict:
                 _eager_time_us(lambda: route_ref(logits, k)), t * e * 2 + t * k * 16, False)
 
 
-def _experts_row(scheme: str, gate_up: torch.Tensor | PackedWeight,
-                 down: torch.Tensor | PackedWeight, t: int, k: int, device: str) -> dict:
+def _experts_rows(scheme: str, gate_up: torch.Tensor | PackedWeight,
+                  down: torch.Tensor | PackedWeight, t: int, k: int, device: str) -> list[dict]:
     e, two_inter, h = gate_up.shape
     inter = two_inter // 2
     x = torch.randn(t, h, device=device, dtype=torch.bfloat16)
     routings = [route_ref(torch.randn(t, e, device=device), k) for _ in range(ROUTINGS)]
     turn = itertools.cycle(routings)
-
-    def call() -> None:
-        weights, ids = next(turn)
-        moe_experts(x, gate_up, down, weights, ids)
-
-    # a prefill call runs for milliseconds: eager timing is exact enough there
-    us = _eager_time_us(call) if t in PREFILL_TOKENS else _time_us(call)
     ref_us = _eager_time_us(lambda: moe_experts_ref(x, gate_up, down, *routings[0]))
     shape = f"35B-A3B {scheme} T={t} H={h} I={inter} E={e} k={k}"
-    if t in PREFILL_TOKENS:
-        return _row("moe_experts prefill", shape, us, ref_us, 2 * t * k * 3 * h * inter, True)
+    if t in PREFILL_TOKENS:  # a call runs for milliseconds: eager timing is exact enough
+        return [_row(f"moe_experts prefill, {name}", shape,
+                     _eager_time_us(lambda path=path: path(x, gate_up, down, *next(turn))),
+                     ref_us, 2 * t * k * 3 * h * inter, True)
+                for name, path in PROMPT_PATHS.items()]
+    us = _time_us(lambda: moe_experts(x, gate_up, down, *next(turn)))
     active = sum(ids.unique().numel() for _, ids in routings) / ROUTINGS
     moved = round(active * (_bytes_per_expert(gate_up) + _bytes_per_expert(down))) + 2 * t * h * 2
-    return _row("moe_experts decode", f"{shape} ({active:.1f} experts)", us, ref_us, moved,
-                False)
+    return [_row("moe_experts decode", f"{shape} ({active:.1f} experts)", us, ref_us, moved,
+                 False)]
 
 
 def bench(device: str = "cuda") -> list[dict]:
@@ -124,6 +134,6 @@ def bench(device: str = "cuda") -> list[dict]:
     for scheme in SCHEMES:
         gate_up = _experts(scheme, e, 2 * inter, h, device)
         down = _experts(scheme, e, h, inter, device)
-        rows += [_experts_row(scheme, gate_up, down, t, k, device)
-                 for t in DECODE_TOKENS + PREFILL_TOKENS]
+        rows += [row for t in DECODE_TOKENS + PREFILL_TOKENS
+                 for row in _experts_rows(scheme, gate_up, down, t, k, device)]
     return rows

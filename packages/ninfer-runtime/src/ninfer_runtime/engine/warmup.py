@@ -12,7 +12,8 @@ The keys that change from step to step depend on the step's shape alone:
   DEQUANT_MIN_M (ops.quant_linear; fewer rows take the decode GEMV, tuned once per weight
   and row tile, `decode_rows`; more a dequantized cuBLAS GEMM, untuned), and the MoE
   experts' path, block rows (ops.moe) or, at decode sizes, the power of two of N its
-  tensor-core stages are tuned for;
+  tensor-core stages are tuned for, or for long prompts the dequantized path (untuned, but
+  its kernels compile on first use);
 - N and its B segments: the attention launch plan, BLOCK_M and NUM_SPLITS (ops.attention).
 The cached context before a chunk changes none of them (attention is causal whatever it is),
 the other keys are the model's sizes (GDN's chunked kernel, the decode GEMVs, the MoE GEMV),
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.engine.config import EngineConfig
 from ninfer_runtime.ops.attention import launch_plan
-from ninfer_runtime.ops.moe import DECODE_MAX_TOKENS, grouped_block_m
+from ninfer_runtime.ops.moe import DECODE_MAX_TOKENS, dequantizes_experts, grouped_block_m
 from ninfer_runtime.ops.quant_linear import DEQUANT_MIN_M, SKINNY_MAX_M, decode_rows
 
 Keys = frozenset[tuple[str, object]]  # (kernel, the shape-dependent part of its key)
@@ -75,9 +76,11 @@ def step_keys(num_tokens: int, num_seqs: int, model: ModelConfig, num_sms: int) 
     plan = launch_plan(n, num_seqs, model.num_attention_heads // nkv, nkv, num_sms)
     keys = {("linear", gemm), ("attention", (plan.block_m, plan.num_splits))}
     if model.is_moe:
+        # the shared expert: one more slot per token, one more stacked expert
+        pairs, experts = n * (model.num_experts_per_tok + 1), model.num_experts + 1
         keys.add(("moe", ("gemv", 1 << (n - 1).bit_length()) if n <= DECODE_MAX_TOKENS else
-                  # the shared expert: one more slot per token, one more stacked expert
-                  grouped_block_m(n * (model.num_experts_per_tok + 1), model.num_experts + 1)))
+                  "dequantized" if dequantizes_experts(pairs, experts) else
+                  grouped_block_m(pairs, experts)))
     return frozenset(keys)
 
 

@@ -25,14 +25,22 @@ Each op has a torch reference (`*_ref`, the oracle and the CPU path) and a Trito
   activation operand (the last column tile of each operand group to be stored writes that
   group), and the router's kernel writes gate|up's (`router`): neither stage launches an
   activation pass.
-- `moe_experts` for prompts: the T*k pairs are sorted by expert into blocks of BLOCK_M rows
-  (`align`: every block belongs to one expert; an expert's last block is padded with a
-  sentinel), then two grouped GEMMs run over the blocks: gate|up with SiLU-and-mul fused into
-  the epilogue (-> hidden [padded rows, I]), then down scaled by the routing weight (-> one row
-  per (token, slot)); a sum over the k slots puts the result back in token order. Both GEMMs
-  read the stacked expert weights [E, N, K] as stored (bf16, nvfp4 or groupwise-int); packed
-  tiles are dequantized in registers by ops.quant_linear's tile decode, as the dense prefill
-  GEMM's are (16-byte word loads, one dot per tile).
+- `moe_experts` for prompts, two paths, each ending in `_combine` (a program per token adds
+  its k rows times their routing weights in slot order, fp32, rounded once):
+  - in registers: the T*k pairs are sorted by expert into blocks of BLOCK_M rows (`align`:
+    every block belongs to one expert; an expert's last block is padded with a sentinel),
+    then two grouped GEMMs (`_grouped_gemm_kernel`) run over the blocks: gate|up with
+    SiLU-and-mul fused into the epilogue (-> hidden [padded rows, I]), then down (-> one row
+    per (token, slot)). Both read the stacked expert weights [E, N, K] as stored (bf16,
+    nvfp4 or groupwise-int); packed tiles are dequantized in registers by ops.quant_linear's
+    tile decode, as the dense prefill GEMM's are (16-byte word loads, one dot per tile), once
+    per block.
+  - dequantized (`_launch_moe_dequantized`), bf16 prompts of at least DEQUANT_MIN_ROWS pairs
+    per expert, or with bf16 experts, on a GPU where torch's grouped GEMM runs (CUTLASS,
+    `_grouped_mm_runs`): each stacked weight is dequantized once to bf16
+    (`quant_linear.dequantize`: the reference's bits) and torch's grouped GEMM multiplies the
+    pairs sorted by expert, as the dense prefill hands cuBLAS a dequantized weight; the
+    weight's bytes are written and read once more, against a tile decode per block of rows.
 
 Dequantization is exact where it can be: an E2M1 code times its E4M3 block scale has at most 6
 significant bits and lies in [2^-10, 2688], so it is formed exactly in fp16 or bf16; the fp32
@@ -44,11 +52,13 @@ applies the group scale to fp32 partial sums instead); the two agree to rounding
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 import torch.nn.functional as F
 
 from ninfer_runtime.ops import quant_linear, skinny_linear
+from ninfer_runtime.ops.activation import silu_and_mul
 from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
 from ninfer_runtime.ops.launch import dot_precision, l2_prefetch, options
 from ninfer_runtime.ops.linear import linear
@@ -76,6 +86,12 @@ ALIGN_ONE_PROGRAM_MAX = 4096
 ALIGN_SPAN = 512
 # spans' count rows a program of the place kernel loads at once
 _ALIGN_SPAN_TILE = 8
+# From this many pairs per expert (mean over the stacked experts) a bf16 prompt step takes the
+# dequantized path. A first guess, untimed: from the H200's eleventh run, a 64-row block of
+# the in-register path ~2 us and dequantizing the 35B's experts ~0.6 ms a layer, the two
+# meet between ~150 and ~300 rows (an 8K prompt step gives ~287); `ninfer-bench kernels
+# --only moe` times both paths at 1K-8K tokens to set it.
+DEQUANT_MIN_ROWS = 192
 # Up to this many tokens moe_experts takes the GEMV path: a pair's expert is read by its own
 # programs (L2 absorbs repeats of an expert within the step); above it, sorting by expert pays.
 DECODE_MAX_TOKENS = 16
@@ -218,7 +234,15 @@ def moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
         return moe_experts_ref(x, gate_up, down, weights, ids)
     if x.shape[0] <= DECODE_MAX_TOKENS:
         return _launch_moe_decode(x, gate_up, down, weights, ids, operand)
+    if _dequantizes(x, gate_up, ids):
+        return _launch_moe_dequantized(x, gate_up, down, weights, ids)
     return _launch_moe_experts(x, gate_up, down, weights, ids)
+
+
+def dequantizes_experts(pairs: int, num_experts: int) -> bool:
+    """Whether a prompt step of `pairs` (token, slot) pairs over `num_experts` stacked packed
+    experts is long enough for the dequantized path (a key of engine.warmup's)."""
+    return pairs >= DEQUANT_MIN_ROWS * num_experts
 
 
 def gate_up_operand_spec(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight
@@ -237,6 +261,24 @@ def _kernels(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
     """Whether moe_experts runs its Triton kernels (else the reference)."""
     return (use_triton(x, *routing, *_tensors(gate_up), *_tensors(down)) and x.shape[0] > 0
             and _supported(gate_up) and _supported(down))
+
+
+def _dequantizes(x: torch.Tensor, gate_up: ExpertWeight, ids: torch.Tensor) -> bool:
+    """Whether the prompt of x takes the dequantized path (module docstring)."""
+    if x.dtype != torch.bfloat16 or not _grouped_mm_runs(x.device):
+        return False
+    if isinstance(gate_up, PackedWeight):
+        return dequantizes_experts(ids.numel(), gate_up.shape[0])
+    return gate_up.dtype == torch.bfloat16
+
+
+@cache
+def _grouped_mm_runs(device: torch.device) -> bool:
+    """Whether torch._grouped_mm has a kernel for bf16 on `device`: CUTLASS's on sm_90 and
+    sm_100 (others take the in-register path), the CPU's loop (torch >= 2.9; the tests)."""
+    if device.type == "cpu":
+        return True
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] in (9, 10)
 
 
 def _tensor_cores(x: torch.Tensor, gate_up: ExpertWeight) -> bool:
@@ -344,12 +386,12 @@ def _launch_align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignmen
 
 
 def _launch_grouped(a: torch.Tensor, w: _Experts, out: torch.Tensor, al: Alignment,
-                    weights: torch.Tensor, top_k: int, swiglu: bool) -> None:
+                    pairs: int, top_k: int, swiglu: bool) -> None:
     """One grouped GEMM over the aligned blocks.
 
     swiglu: a = x [T, K] gathered by token, out = hidden [padded rows, N] with N = I, the
     weight's rows [0, I) gate and [I, 2I) up. Otherwise: a = hidden [padded rows, K], out =
-    [T * k, N] scattered by pair and scaled by its routing weight.
+    [T * k, N] scattered by pair.
     """
     _, n_rows, k = w.shape
     n = n_rows // 2 if swiglu else n_rows
@@ -369,8 +411,7 @@ def _launch_grouped(a: torch.Tensor, w: _Experts, out: torch.Tensor, al: Alignme
     _grouped_gemm_kernel[grid](
         a, a.stride(0), weight, scale, w.aux, weight.stride(0), weight.stride(1),
         scale.stride(0), scale.stride(1), w.aux.stride(0), w.aux.stride(1),
-        out, out.stride(0), al.sorted_slots, al.block_expert, weights,
-        n, k, weights.numel(), top_k,
+        out, out.stride(0), al.sorted_slots, al.block_expert, n, k, pairs, top_k,
         SCHEME=w.scheme, QSCHEME=qscheme, WPS=wps, SWIGLU=swiglu, BLOCK_M=al.block_m,
         DOT_PRECISION=dot_precision(a.dtype))
 
@@ -384,12 +425,51 @@ def _launch_moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeig
     pairs = t * top_k
     al = align(ids.to(torch.int64).contiguous(), num_experts,
                grouped_block_m(pairs, num_experts))
-    weights = weights.contiguous()
     hidden = torch.empty((al.sorted_slots.shape[0], inter), dtype=x.dtype, device=x.device)
-    _launch_grouped(x, gu, hidden, al, weights, top_k, swiglu=True)
+    _launch_grouped(x, gu, hidden, al, pairs, top_k, swiglu=True)
     y = torch.empty((pairs, h), dtype=x.dtype, device=x.device)
-    _launch_grouped(hidden, dn, y, al, weights, top_k, swiglu=False)
-    return y.view(t, top_k, h).sum(1)  # accumulates in fp32, rounds once
+    _launch_grouped(hidden, dn, y, al, pairs, top_k, swiglu=False)
+    return _combine(y, weights)
+
+
+def _launch_moe_dequantized(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
+                            weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The dequantized prompt path (module docstring). The pairs are sorted by expert, each
+    expert's in flat order (a stable sort: no host sync, sizes are known); one weight is
+    dequantized at a time, freed once its GEMM is queued, so the allocator hands down's
+    the same memory."""
+    _check_experts(x, _Experts.of(gate_up, "gate_up"), _Experts.of(down, "down"))
+    top_k = ids.shape[1]
+    flat = ids.reshape(-1).to(torch.int64)
+    order = flat.argsort(stable=True)
+    ends = torch.zeros(gate_up.shape[0], dtype=torch.int32, device=x.device).scatter_add_(
+        0, flat, torch.ones_like(flat, dtype=torch.int32)).cumsum(0, dtype=torch.int32)
+    rows = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(),
+                                                                   device=x.device))
+    hidden = silu_and_mul(torch._grouped_mm(x.index_select(0, order // top_k),
+                                            _dequantized(gate_up).transpose(1, 2), offs=ends))
+    y = torch._grouped_mm(hidden, _dequantized(down).transpose(1, 2), offs=ends)
+    return _combine(y, weights, rows)
+
+
+def _dequantized(w: ExpertWeight) -> torch.Tensor:
+    return quant_linear.dequantize(w, torch.bfloat16) if isinstance(w, PackedWeight) else w
+
+
+def _combine(y: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor | None = None
+             ) -> torch.Tensor:
+    """out [T, H]: token t's sum over its slots j of weights[t, j] * y[r], r = rows[t * k + j]
+    (or t * k + j without rows), in slot order in fp32, rounded once."""
+    t, top_k = weights.shape
+    h = y.shape[1]
+    assert y.stride(1) == 1, "moe_experts: the pairs' rows need contiguous features"
+    out = torch.empty((t, h), dtype=y.dtype, device=y.device)
+    block = min(1024, triton.next_power_of_2(h))
+    _combine_kernel[(t, triton.cdiv(h, block))](
+        y, y.stride(0), y if rows is None else rows, weights.float().contiguous(), out, h,
+        TOP_K=top_k, GATHER=rows is not None, BLOCK=block,
+        num_warps=max(1, min(4, block // 256)), **options(y.device))
+    return out
 
 
 def _check_experts(x: torch.Tensor, gu: _Experts, dn: _Experts) -> int:
@@ -791,8 +871,8 @@ if triton is not None:
     @triton.jit
     def _grouped_gemm_kernel(
         a, stride_am, w, scale, aux, stride_we, stride_wn, stride_se, stride_sn,
-        stride_ae, stride_an, out, stride_om, sorted_slots, block_expert, route_weights,
-        N, K, num_pairs, top_k,
+        stride_ae, stride_an, out, stride_om, sorted_slots, block_expert, N, K, num_pairs,
+        top_k,
         SCHEME: tl.constexpr, QSCHEME: tl.constexpr, WPS: tl.constexpr, SWIGLU: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -801,7 +881,7 @@ if triton is not None:
 
         SWIGLU: rows of a are tokens (pair // top_k); the gate and up accumulators meet in
         silu(gate) * up, stored at the block's padded rows. Otherwise rows of a are the
-        padded rows and each result row, times its routing weight, goes to its pair's row.
+        padded rows and each result row goes to its pair's row (`_combine` weights it).
         """
         pid_m = tl.program_id(0)
         e = tl.load(block_expert + pid_m)
@@ -839,9 +919,24 @@ if triton is not None:
             tl.store(out + padded[:, None] * stride_om + cols[None, :],
                      h.to(out.dtype.element_ty), mask=store_mask)
         else:
-            rw = tl.load(route_weights + pair, mask=valid, other=0.0)
             tl.store(out + pair[:, None] * stride_om + cols[None, :],
-                     (acc * rw[:, None]).to(out.dtype.element_ty), mask=store_mask)
+                     acc.to(out.dtype.element_ty), mask=store_mask)
+
+    @triton.jit
+    def _combine_kernel(y, stride_y, rows, weights, out, H, TOP_K: tl.constexpr,
+                        GATHER: tl.constexpr, BLOCK: tl.constexpr, GDC: tl.constexpr):
+        """Token program_id(0), columns program_id(1) * BLOCK.. (`_combine`)."""
+        wait_for_inputs(GDC)
+        t = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < H
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            pair = t * TOP_K + j
+            row = tl.load(rows + pair) if GATHER else pair
+            part = tl.load(y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+            acc += tl.load(weights + pair) * part
+        tl.store(out + t * H + cols, acc.to(out.dtype.element_ty), mask=mask)
 
     # ---- decode (GEMV) path ----
 

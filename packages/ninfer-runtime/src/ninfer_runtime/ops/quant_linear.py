@@ -62,6 +62,7 @@ bf16 weights never come here: cuBLAS (F.linear) is the ceiling for them (BENCHMA
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -245,18 +246,32 @@ def packed_linear(x: torch.Tensor, w: PackedWeight, swiglu: bool = False,
     return out
 
 
-def dequantize_operand(ops: _Operands, dtype: torch.dtype) -> torch.Tensor:
+def dequantize_operand(ops: _Operands, dtype: torch.dtype, global_scale: bool = False
+                       ) -> torch.Tensor:
     """The weight [N, K] in `dtype` as the GEMM's operand: nvfp4 e2m1 * s * 2^-8 (exact; the
     global scale and 2^8 are applied to the product), groupwise-int (q - z) * s (rounded once,
-    as the reference does)."""
+    as the reference does). With `global_scale`, nvfp4 rows are times their global scale
+    instead, the exact product rounded once: PackedWeight.dequantize(dtype)'s bits."""
     n, k = ops.words.shape[0], ops.words.shape[1] * 8
     w = torch.empty((n, k), dtype=dtype, device=ops.words.device)
     bn, bk = (64, 256) if ops.layout.scheme == _NVFP4_ID else (64, _GROUP_BK)
     _dequant_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
-        ops.words, ops.scale, ops.zero, w, n, k, ops.words.stride(0), ops.scale.stride(0),
-        SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale, BN=bn, BK=bk,
+        ops.words, ops.scale, ops.zero, ops.gscale, w, n, k, ops.words.stride(0),
+        ops.scale.stride(0), SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale,
+        GLOBAL=global_scale and ops.layout.scheme == _NVFP4_ID, BN=bn, BK=bk,
         EVEN_K=k % bk == 0)
     return w
+
+
+def dequantize(w: PackedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """w [..., N, K] (a weight, or experts stacked [E, N, K]) dequantized by the kernels to
+    `dtype`, bit for bit PackedWeight.dequantize(dtype): a stacked weight's experts are decoded
+    as the rows of one [E * N, K] weight."""
+    *lead, n, k = w.shape
+    rows = n * math.prod(lead)
+    flat = PackedWeight(w.scheme, {role: part.reshape(rows, *part.shape[len(lead) + 1:])
+                                   for role, part in w.parts.items()}, (rows, k))
+    return dequantize_operand(_operands(flat), dtype, global_scale=True).view(*lead, n, k)
 
 
 def dequant_matmul(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
@@ -960,15 +975,21 @@ if triton is not None:
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
     @triton.jit
-    def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_w, stride_s,
-                        SCHEME: tl.constexpr, WPS: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, EVEN_K: tl.constexpr):
-        """out [BN, BK] tile of the weight, decoded as `_gemm_kernel` feeds it to tl.dot."""
+    def _dequant_kernel(w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, N, K, stride_w, stride_s,
+                        SCHEME: tl.constexpr, WPS: tl.constexpr, GLOBAL: tl.constexpr,
+                        BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+        """out [BN, BK] tile of the weight, decoded as `_gemm_kernel` feeds it to tl.dot; with
+        GLOBAL (nvfp4) times the rows' global scales g, rounded once from fp32 (the tile is
+        exact, so (e2m1 s 2^-8)(g 2^8) is the reference's product)."""
         rows = tl.program_id(0) * BN + tl.arange(0, BN)
         row_ok = rows < N
         k0 = tl.program_id(1) * BK
+        dtype = out_ptr.dtype.element_ty
         w = _weight_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w, stride_s, SCHEME,
-                         WPS, BK, EVEN_K, out_ptr.dtype.element_ty)
+                         WPS, BK, EVEN_K, dtype)
+        if GLOBAL:
+            g = tl.load(g_ptr + rows, mask=row_ok, other=0.0)
+            w = (w.to(tl.float32) * (g * _NV_OUT)[:, None]).to(dtype)
         ks = k0 + tl.arange(0, BK)
         mask = row_ok[:, None] if EVEN_K else row_ok[:, None] & (ks < K)[None, :]
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], w, mask=mask)
