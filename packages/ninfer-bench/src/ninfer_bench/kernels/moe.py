@@ -7,7 +7,8 @@ bandwidth. Prompts of 1,024-8,192 tokens are compute-bound: their ratio is 2 * T
 I FLOPs over the bf16 tensor-core rate. Each prompt size times both of ops.moe's prompt
 paths, called directly whatever `moe_experts` would pick: in registers (align, grouped GEMMs
 decoding their weight tiles per block, the weighted sum) and dequantized (each stacked weight
-dequantized once, torch's grouped GEMM): where they cross sets ops.moe.DEQUANT_MIN_ROWS.
+dequantized once, torch's grouped GEMM), and for packed experts the dequantized weights
+through the in-register path's Triton GEMMs: where they cross sets ops.moe.DEQUANT_MIN_ROWS.
 Weights are random bytes in the stored layouts; routing is random (uniform) and changes from
 call to call (a rotation of ROUTINGS draws), so consecutive calls read different experts, as
 consecutive layers do.
@@ -33,6 +34,7 @@ from ninfer_runtime.ops.moe import (
     route,
     route_ref,
 )
+from ninfer_runtime.ops.quant_linear import dequantize
 from ninfer_runtime.profiles import get_profile
 from ninfer_runtime.quant import PackedWeight, get_scheme
 
@@ -41,8 +43,19 @@ BF16_FLOPS_PER_S = 789e12
 PROFILE = "qwen3_6_35b_a3b"
 DECODE_TOKENS = (1, 8, 16)
 PREFILL_TOKENS = (1024, 4096, 8192)
-# the two prompt paths themselves, whichever moe_experts would pick
-PROMPT_PATHS = {"in registers": _launch_moe_experts, "dequantized": _launch_moe_dequantized}
+
+
+def _dequantized_triton(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight,
+                        *routing: torch.Tensor) -> torch.Tensor:
+    """The dequantized path with the in-register path's Triton GEMMs in place of torch's
+    grouped GEMM (its plain-weight case): the alternative if CUTLASS's loses."""
+    return _launch_moe_experts(x, dequantize(gate_up, x.dtype), dequantize(down, x.dtype),
+                               *routing)
+
+
+# the prompt paths themselves, whichever moe_experts would pick (packed experts: all three)
+PROMPT_PATHS = {"in registers": _launch_moe_experts, "dequantized": _launch_moe_dequantized,
+                "dequantized, Triton GEMM": _dequantized_triton}
 SCHEMES = ("bf16", "nvfp4", "groupwise-int")
 ROUTINGS = 16  # routing draws rotated through by consecutive timed calls
 
@@ -111,10 +124,12 @@ def _experts_rows(scheme: str, gate_up: torch.Tensor | PackedWeight,
     ref_us = _eager_time_us(lambda: moe_experts_ref(x, gate_up, down, *routings[0]))
     shape = f"35B-A3B {scheme} T={t} H={h} I={inter} E={e} k={k}"
     if t in PREFILL_TOKENS:  # a call runs for milliseconds: eager timing is exact enough
+        paths = PROMPT_PATHS if isinstance(gate_up, PackedWeight) else {
+            name: PROMPT_PATHS[name] for name in ("in registers", "dequantized")}
         return [_row(f"moe_experts prefill, {name}", shape,
                      _eager_time_us(lambda path=path: path(x, gate_up, down, *next(turn))),
                      ref_us, 2 * t * k * 3 * h * inter, True)
-                for name, path in PROMPT_PATHS.items()]
+                for name, path in paths.items()]
     us = _time_us(lambda: moe_experts(x, gate_up, down, *next(turn)))
     active = sum(ids.unique().numel() for _, ids in routings) / ROUTINGS
     moved = round(active * (_bytes_per_expert(gate_up) + _bytes_per_expert(down))) + 2 * t * h * 2
