@@ -91,17 +91,35 @@ def _decode_row(model: str, batch: int, context: int, int8: bool, device: str) -
             "ceiling": "4.24e12 B/s", "ratio_to_ceiling": moved / (us * 1e-6) / HBM_BYTES_PER_S}
 
 
-def _prefill_row(model: str, chunk: int, context: int, device: str) -> dict:
+def _prefill_row(model: str, chunk: int, context: int, int8: bool, device: str) -> dict:
     nq, nkv = SHAPES[model]
-    visible = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal query-key pairs
-    flops = 4 * HEAD_DIM * nq * visible
-    moved = _kv_bytes(context, nkv, True) + 2 * chunk * nq * HEAD_DIM * 2
-    calls = [_attention_call(model, [chunk], context, True, device)
+    moved = _kv_bytes(context, nkv, int8) + 2 * chunk * nq * HEAD_DIM * 2
+    calls = [_attention_call(model, [chunk], context, int8, device)
              for _ in range(_copies(moved))]
-    us = _time_us(calls)
-    return {"op": f"paged_attention prefill {model} int8 kv", "shape": f"chunk={chunk} "
-            f"ctx={context}", "time_us": us, "flops": flops, "ceiling": "789e12 FLOP/s",
-            "ratio_to_ceiling": flops / (us * 1e-6) / BF16_FLOPS_PER_S}
+    return _flops_row(f"paged_attention prefill {model} {'int8' if int8 else 'bf16'} kv",
+                      model, chunk, context, _time_us(calls))
+
+
+def _flops_row(op: str, model: str, chunk: int, context: int, us: float) -> dict:
+    visible = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal query-key pairs
+    flops = 4 * HEAD_DIM * SHAPES[model][0] * visible
+    return {"op": op, "shape": f"chunk={chunk} ctx={context}", "time_us": us, "flops": flops,
+            "ceiling": "789e12 FLOP/s", "ratio_to_ceiling": flops / (us * 1e-6) / BF16_FLOPS_PER_S}
+
+
+def _sdpa_row(model: str, tokens: int, device: str) -> dict:
+    """torch's fused attention (its flash kernel where it takes GQA) on a lone prompt's bf16
+    K/V, contiguous, causal: what a prompt step's attention costs outside the paged INT8
+    kernel, for comparison."""
+    import torch.nn.functional as F
+
+    nq, nkv = SHAPES[model]
+    q = torch.randn(1, nq, tokens, HEAD_DIM, device=device, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, nkv, tokens, HEAD_DIM, device=device, dtype=torch.bfloat16)
+            for _ in range(2))
+    us = _time_us([lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                          enable_gqa=True)])
+    return _flops_row(f"torch sdpa prefill {model} bf16 kv", model, tokens, tokens, us)
 
 
 def _store_call(model: str, tokens: int, device: str) -> Call:
@@ -126,12 +144,16 @@ def _store_row(model: str, tokens: int, device: str) -> dict:
 
 
 def bench(device: str = "cuda") -> list[dict]:
-    """Decode at 8K/64K/128K context (batch 1 and 8), a 1024-token prompt chunk over 8K, and
-    the KV store for a decode step and a prompt chunk."""
+    """Decode at 8K/64K/128K context (batch 1 and 8), a 1024-token prompt chunk over 8K and
+    a lone 8K prompt in one step (INT8 and bf16 KV, and torch's fused attention on the same
+    shape), and the KV store for a decode step and a prompt chunk."""
     rows = [_decode_row("27b", batch, context, True, device)
             for batch in (1, 8) for context in (8192, 65536, 131072)]
     rows.append(_decode_row("27b", 1, 65536, False, device))
     rows += [_decode_row("35b_a3b", batch, 65536, True, device) for batch in (1, 8)]
-    rows.append(_prefill_row("27b", 1024, 8192, device))
+    rows.append(_prefill_row("27b", 1024, 8192, True, device))
+    for model in SHAPES:
+        rows += [_prefill_row(model, 8192, 8192, int8, device) for int8 in (True, False)]
+        rows.append(_sdpa_row(model, 8192, device))
     rows += [_store_row("27b", tokens, device) for tokens in (8, 8192)]
     return rows
