@@ -1,7 +1,8 @@
 """The MoE kernels against their torch references (Triton's interpreter on CPU): routing,
-the align step that sorts (token, slot) pairs into per-expert blocks, and both expert paths
+the align step that sorts (token, slot) pairs into per-expert blocks, and the expert paths
 (the decode GEMVs over the routed pairs; the grouped gate|up + SiLU + down GEMMs over the
-aligned blocks) over bf16/fp16/fp32, nvfp4 and groupwise-int stacked experts."""
+aligned blocks; for long bf16 prompts the experts dequantized once and torch's grouped GEMM)
+over bf16/fp16/fp32, nvfp4 and groupwise-int stacked experts."""
 
 from __future__ import annotations
 

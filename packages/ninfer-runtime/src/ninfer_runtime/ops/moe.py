@@ -36,9 +36,10 @@ Each op has a torch reference (`*_ref`, the oracle and the CPU path) and a Trito
     tile decode, as the dense prefill GEMM's are (16-byte word loads, one dot per tile), once
     per block.
   - dequantized (`_launch_moe_dequantized`), bf16 prompts of at least DEQUANT_MIN_ROWS pairs
-    per expert, or with bf16 experts, on a GPU where torch's grouped GEMM runs (CUTLASS,
-    `_grouped_mm_runs`): each stacked weight is dequantized once to bf16
-    (`quant_linear.dequantize`: the reference's bits) and torch's grouped GEMM multiplies the
+    per expert on a GPU where torch's grouped GEMM runs (CUTLASS, `_grouped_mm_runs`; a CUDA
+    graph's verify step has far fewer): each stacked weight (bf16 experts as they are) is
+    dequantized once to bf16 (`quant_linear.dequantize`: the reference's bits, the nvfp4
+    global scale folded in) and torch's grouped GEMM multiplies the
     pairs sorted by expert, as the dense prefill hands cuBLAS a dequantized weight; the
     weight's bytes are written and read once more, against a tile decode per block of rows.
 
@@ -240,8 +241,8 @@ def moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
 
 
 def dequantizes_experts(pairs: int, num_experts: int) -> bool:
-    """Whether a prompt step of `pairs` (token, slot) pairs over `num_experts` stacked packed
-    experts is long enough for the dequantized path (a key of engine.warmup's)."""
+    """Whether a prompt step of `pairs` (token, slot) pairs over `num_experts` stacked experts
+    is long enough for the dequantized path (a key of engine.warmup's)."""
     return pairs >= DEQUANT_MIN_ROWS * num_experts
 
 
@@ -265,11 +266,10 @@ def _kernels(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
 
 def _dequantizes(x: torch.Tensor, gate_up: ExpertWeight, ids: torch.Tensor) -> bool:
     """Whether the prompt of x takes the dequantized path (module docstring)."""
-    if x.dtype != torch.bfloat16 or not _grouped_mm_runs(x.device):
-        return False
-    if isinstance(gate_up, PackedWeight):
-        return dequantizes_experts(ids.numel(), gate_up.shape[0])
-    return gate_up.dtype == torch.bfloat16
+    plain_bf16 = not isinstance(gate_up, PackedWeight) and gate_up.dtype == torch.bfloat16
+    return (x.dtype == torch.bfloat16 and _grouped_mm_runs(x.device)
+            and (isinstance(gate_up, PackedWeight) or plain_bf16)
+            and dequantizes_experts(ids.numel(), gate_up.shape[0]))
 
 
 @cache
