@@ -91,13 +91,25 @@ def _decode_row(model: str, batch: int, context: int, int8: bool, device: str) -
             "ceiling": "4.24e12 B/s", "ratio_to_ceiling": moved / (us * 1e-6) / HBM_BYTES_PER_S}
 
 
-def _prefill_row(model: str, chunk: int, context: int, int8: bool, device: str) -> dict:
+def _prefill_row(model: str, chunk: int, context: int, int8: bool, device: str,
+                 block_m: int | None = None) -> dict:
+    """block_m: the prompt tiles' rows instead of ops.attention.PREFILL_BLOCK_M (64: half
+    the registers, two programs an SM, twice the KV tiles decoded per query)."""
+    from ninfer_runtime.ops import attention
+
     nq, nkv = SHAPES[model]
     moved = _kv_bytes(context, nkv, int8) + 2 * chunk * nq * HEAD_DIM * 2
-    calls = [_attention_call(model, [chunk], context, int8, device)
-             for _ in range(_copies(moved))]
-    return _flops_row(f"paged_attention prefill {model} {'int8' if int8 else 'bf16'} kv",
-                      model, chunk, context, _time_us(calls))
+    default = attention.PREFILL_BLOCK_M
+    attention.PREFILL_BLOCK_M = block_m or default
+    try:
+        calls = [_attention_call(model, [chunk], context, int8, device)
+                 for _ in range(_copies(moved))]
+        us = _time_us(calls)
+    finally:
+        attention.PREFILL_BLOCK_M = default
+    tiles = f", {block_m}-row tiles" if block_m else ""
+    return _flops_row(f"paged_attention prefill {model} {'int8' if int8 else 'bf16'} kv{tiles}",
+                      model, chunk, context, us)
 
 
 def _flops_row(op: str, model: str, chunk: int, context: int, us: float) -> dict:
@@ -145,8 +157,8 @@ def _store_row(model: str, tokens: int, device: str) -> dict:
 
 def bench(device: str = "cuda") -> list[dict]:
     """Decode at 8K/64K/128K context (batch 1 and 8), a 1024-token prompt chunk over 8K and
-    a lone 8K prompt in one step (INT8 and bf16 KV, and torch's fused attention on the same
-    shape), and the KV store for a decode step and a prompt chunk."""
+    a lone 8K prompt in one step (INT8 and bf16 KV, INT8 in 64-row tiles, and torch's fused
+    attention on the same shape), and the KV store for a decode step and a prompt chunk."""
     rows = [_decode_row("27b", batch, context, True, device)
             for batch in (1, 8) for context in (8192, 65536, 131072)]
     rows.append(_decode_row("27b", 1, 65536, False, device))
@@ -154,6 +166,7 @@ def bench(device: str = "cuda") -> list[dict]:
     rows.append(_prefill_row("27b", 1024, 8192, True, device))
     for model in SHAPES:
         rows += [_prefill_row(model, 8192, 8192, int8, device) for int8 in (True, False)]
+        rows.append(_prefill_row(model, 8192, 8192, True, device, block_m=64))
         rows.append(_sdpa_row(model, 8192, device))
     rows += [_store_row("27b", tokens, device) for tokens in (8, 8192)]
     return rows
