@@ -11,6 +11,7 @@ activation rows (default 1, a one-token step).
     .venv/bin/python scripts/sass_report.py --asm off    # the pure-Triton decode, for contrast
     .venv/bin/python scripts/sass_report.py --gemm       # the prefill GEMM too
     .venv/bin/python scripts/sass_report.py --moe        # the MoE prompt GEMMs (64-row blocks)
+    .venv/bin/python scripts/sass_report.py --attention  # paged INT8 attention's KV loop
 
 With the GPU machine's Triton (3.6) instead of the venv's, as the device compiles (the
 counts differ: 3.6 builds the 8-row decode on mma.sync, 3.9 on wgmma):
@@ -42,7 +43,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from ninfer_runtime.ops import moe  # noqa: E402
+from ninfer_runtime.ops import attention, moe  # noqa: E402
 from ninfer_runtime.ops import quant_linear as ql  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -199,12 +200,48 @@ def moe_variants(tmp: Path, block_m: int = 64) -> None:
                        tmp)
 
 
+# (label, BLOCK_M, GROUP_HEADS, NUM_SPLITS): a 35B prompt tile (8 q heads a kv head), the 27B's
+# (6, padded to 8 rows a token) and their decode tiles at 8K context
+ATTENTION_TILES = (("prompt 35B", 128, 8, 1), ("prompt 27B", 128, 6, 1),
+                   ("decode 35B", 16, 8, 64), ("decode 27B", 16, 6, 64))
+
+
+def attention_variants(tmp: Path) -> None:
+    """The paged attention kernel's KV loop over INT8 caches (head_dim 256, 64-token pages),
+    per tuner candidate that its pruning keeps for the tile; "per weight" is per K/V element
+    a thread decodes in an iteration. Decode tiles dequantize with the inline PTX, as the
+    launcher picks them."""
+    fn = attention._paged_attention_kernel.fn  # the JITFunction under the autotuner
+    pointers = {"q": "*bf16", "k_cache": "*i8", "v_cache": "*i8", "k_scale": "*fp16",
+                "v_scale": "*fp16", "page_tables": "*i64", "cu_seqlens": "*i64",
+                "context_lens": "*i64", "qk_scale": "fp32", "out": "*bf16", "gate": "*bf16",
+                "part_out": "*fp32", "part_lse": "*fp32"}
+    names = fn.arg_names
+    for label, block_m, heads, splits in ATTENTION_TILES:
+        kept = attention._prune_configs(attention._configs(), {}, BLOCK_M=block_m)
+        for cfg in kept:
+            kw = cfg.kwargs
+            sig = {a: pointers.get(a, "i32") for a in names if a.upper() != a}
+            cst = {"GROUP_HEADS": heads, "BLOCK_M": block_m, "BLOCK_N": kw["BLOCK_N"],
+                   "HEAD_DIM": 256, "GROUP": 64, "PAGE_SIZE": 64, "NUM_SPLITS": splits,
+                   "QUANT": True, "HAS_GATE": True, "CAUSAL": True, "HAS_WINDOW": False,
+                   "DOT_PRECISION": "tf32", "ASM": block_m <= attention.DECODE_BLOCK_M,
+                   "PREFETCH": kw["PREFETCH"], "GDC": True}
+            k = compile_variant(fn, sig, cst, cfg.num_warps, cfg.num_stages)
+            prefetch = " prefetch" if kw["PREFETCH"] else ""
+            report(f"attention {label} BM={block_m} BN={kw['BLOCK_N']} w={cfg.num_warps} "
+                   f"s={cfg.num_stages}{prefetch}", k,
+                   2 * kw["BLOCK_N"] * 256 // (32 * cfg.num_warps), tmp)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--asm", choices=("on", "off"), default="on",
                         help="decode with the inline PTX (GPU default) or the pure-Triton twin")
     parser.add_argument("--gemm", action="store_true", help="also the prefill GEMM")
     parser.add_argument("--moe", action="store_true", help="also the MoE prompt GEMMs")
+    parser.add_argument("--attention", action="store_true",
+                        help="also the paged attention's KV loop")
     parser.add_argument("--no-decode", action="store_true", help="skip the decode GEMV")
     args = parser.parse_args()
     print(f"triton {triton.__version__}, target sm_90; per weight = loop instructions / "
@@ -224,6 +261,8 @@ def main() -> None:
         gemm_variants(tmp)
     if args.moe:
         moe_variants(tmp)
+    if args.attention:
+        attention_variants(tmp)
 
 
 if __name__ == "__main__":
