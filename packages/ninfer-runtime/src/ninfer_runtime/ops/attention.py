@@ -414,7 +414,9 @@ if triton is not None:
         [kv_start, kv_end): what the block's rows can see at all (visible_keys)."""
         wait_for_inputs(GDC)
         BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_HEADS
-        block = tl.program_id(0)
+        # the GPU starts programs in launch order: the last query blocks, which see the most
+        # keys of a causal prompt, go first, so that short ones, not long ones, end the grid
+        block = tl.num_programs(0) - 1 - tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
         seq, first = block_of(cu_seqlens, block, num_seqs, BLOCK_Q)
