@@ -7,8 +7,9 @@ kernel's time (profiler, averaged over calls), the scan's and the output's time 
 autotune config (forced one at a time), the share of the prepare kernel that the triangular
 inverse takes (a kernel that only inverts [C, C] tiles, at the prepare kernel's grid) and
 its error against fp64 on correlated keys, and each compiled kernel's registers, spills and
-shared memory. (Its first runs timed the substitution inverse against recursive doubling:
-docs/perf.md, fourteenth run.)
+shared memory, and fla-core's chunked kernels on the same prompt where it is installed (the
+issue's acceptable dependency: is ours behind it?). (Its first runs timed the substitution
+inverse against recursive doubling: docs/perf.md, fourteenth run.)
 
     python3 scripts/gdn_probe.py [--tokens 8192] [--models 27B,35B-A3B]
 """
@@ -116,6 +117,37 @@ def _forced(kernel, fn) -> list[tuple[str, float]]:
     return rows
 
 
+def _fla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+         beta: torch.Tensor, states: torch.Tensor, ours) -> None:
+    """fla-core's chunked gated delta rule (the issue's acceptable dependency, bf16
+    intermediates) on the same prompt, its kernels' time and its output against ours."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError:
+        print("  fla-core: not installed")
+        return
+
+    def run() -> torch.Tensor:
+        return chunk_gated_delta_rule(
+            q[None], k[None], v[None], g[None], beta[None], scale=q.shape[-1] ** -0.5,
+            initial_state=torch.zeros_like(states), output_final_state=True,
+            use_qk_l2norm_in_kernel=True)[0][0]
+
+    try:
+        times = _kernel_times(run)
+    except Exception as e:  # noqa: BLE001 - a probe line, not a reason to lose the rest
+        print(f"  fla-core: {type(e).__name__}: {e}")
+        return
+    print(f"  fla-core chunk_gated_delta_rule: {sum(times.values()):.1f} us a call")
+    for name, us in sorted(times.items(), key=lambda kv: -kv[1]):
+        print(f"    {name[:58]:<58} {us:9.1f} us")
+    states.zero_()
+    mine = ours()
+    theirs = run().float()
+    print(f"  max |fla - ours| / max |ours|: "
+          f"{((theirs - mine.float()).abs().max() / mine.float().abs().max()).item():.2e}")
+
+
 def probe(label: str, tokens: int) -> None:
     cfg = get_profile(MODELS[label]).config
     nv, nk = cfg.linear_num_value_heads, cfg.linear_num_key_heads
@@ -131,8 +163,8 @@ def probe(label: str, tokens: int) -> None:
     cu = torch.tensor([0, tokens], dtype=torch.int64, device=dev)
     slots = torch.zeros(1, dtype=torch.int64, device=dev)
 
-    def run() -> None:
-        gdn.gated_delta_rule_varlen(q, k, v, g, beta, states, cu, slots)
+    def run() -> torch.Tensor:
+        return gdn.gated_delta_rule_varlen(q, k, v, g, beta, states, cu, slots)
 
     print(f"\n## {label}: {tokens} tokens, nk {nk}, nv {nv}, dk {dk}, dv {dv}")
     times = _kernel_times(run)
@@ -144,6 +176,7 @@ def probe(label: str, tokens: int) -> None:
         for what, us in _forced(kernel, run):
             print(f"    {what:<30} {us:9.1f} us")
     _inverses(-(-tokens // gdn.CHUNK_SIZE) * nv)
+    _fla(q, k, v, g, beta, states, run)
     for kernel in (gdn._gdn_chunk_prepare_kernel, gdn._gdn_chunked_kernel,
                    gdn._gdn_chunk_output_kernel, _inverse_kernel):
         print(f"  {_jit(kernel).__name__}:")
