@@ -57,14 +57,19 @@ def kernels(only: tuple[str, ...], device: str, output: Path) -> None:
             continue
         click.echo(f"running {name} ...", err=True)
         try:
-            rows += [{"suite": name, **row} for row in bench(device=device)]
+            for row in bench(device=device):
+                rows.append({"suite": name, **row})
+                _write_kernels(output, report)  # an interrupted run keeps what it measured
         except Exception as e:  # noqa: BLE001 - one failing suite must not lose the others
             rows.append({"suite": name, "op": "error", "shape": f"{type(e).__name__}: {e}"})
-        # written after every suite, so an interrupted run keeps what it measured
-        (output / "kernels.json").write_text(json.dumps(report, indent=1))
-        (output / "kernels.md").write_text(
-            f"GPU {gpu}, commit {report['commit']}, {report['date']}\n\n" + _markdown(rows))
+        _write_kernels(output, report)
     click.echo(_markdown(rows))
+
+
+def _write_kernels(output: Path, report: dict) -> None:
+    (output / "kernels.json").write_text(json.dumps(report, indent=1))
+    (output / "kernels.md").write_text(f"GPU {report['gpu']}, commit {report['commit']}, "
+                                       f"{report['date']}\n\n" + _markdown(report["rows"]))
 
 
 def _ints(_: click.Context, __: click.Parameter, value: str) -> list[int]:

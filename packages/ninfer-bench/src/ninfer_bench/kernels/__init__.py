@@ -1,4 +1,6 @@
-"""Per-op kernel microbenchmarks: each module here has `bench(device="cuda") -> list[dict]`.
+"""Per-op kernel microbenchmarks: each module here has `bench(device="cuda")`, an iterable of
+row dicts (a generator yields each row as it is measured, which `ninfer-bench kernels` writes
+out at once, so that a run cut by a time limit keeps its rows).
 
 Rows carry op, shape, time_us and the ratio to the op's ceiling (bandwidth for memory-bound
 ops, bf16 tensor-core FLOPs for compute-bound ones); `ninfer-bench kernels` runs them all.
@@ -8,9 +10,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-BenchFn = Callable[..., list[dict]]
+BenchFn = Callable[..., Iterable[dict]]
 
 
 def suites() -> dict[str, BenchFn]:

@@ -13,7 +13,7 @@ Pages are handed out shuffled, as a long-running pool would, and the cache holds
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -155,18 +155,18 @@ def _store_row(model: str, tokens: int, device: str) -> dict:
             "ratio_to_ceiling": moved / (us * 1e-6) / HBM_BYTES_PER_S}
 
 
-def bench(device: str = "cuda") -> list[dict]:
-    """Decode at 8K/64K/128K context (batch 1 and 8), a 1024-token prompt chunk over 8K and
-    a lone 8K prompt in one step (INT8 and bf16 KV, INT8 in 64-row tiles, and torch's fused
-    attention on the same shape), and the KV store for a decode step and a prompt chunk."""
-    rows = [_decode_row("27b", batch, context, True, device)
-            for batch in (1, 8) for context in (8192, 65536, 131072)]
-    rows.append(_decode_row("27b", 1, 65536, False, device))
-    rows += [_decode_row("35b_a3b", batch, 65536, True, device) for batch in (1, 8)]
-    rows.append(_prefill_row("27b", 1024, 8192, True, device))
+def bench(device: str = "cuda") -> Iterator[dict]:
+    """A lone 8K prompt in one step (INT8 and bf16 KV, INT8 in 64-row tiles, and torch's fused
+    attention on the same shape), a 1024-token prompt chunk over 8K, decode at 8K/64K/128K
+    context (batch 1 and 8), and the KV store for a decode step and a prompt chunk, each row
+    as it is measured."""
     for model in SHAPES:
-        rows += [_prefill_row(model, 8192, 8192, int8, device) for int8 in (True, False)]
-        rows.append(_prefill_row(model, 8192, 8192, True, device, block_m=64))
-        rows.append(_sdpa_row(model, 8192, device))
-    rows += [_store_row("27b", tokens, device) for tokens in (8, 8192)]
-    return rows
+        yield from (_prefill_row(model, 8192, 8192, int8, device) for int8 in (True, False))
+        yield _prefill_row(model, 8192, 8192, True, device, block_m=64)
+        yield _sdpa_row(model, 8192, device)
+    yield _prefill_row("27b", 1024, 8192, True, device)
+    yield from (_decode_row("27b", batch, context, True, device)
+                for batch in (1, 8) for context in (8192, 65536, 131072))
+    yield _decode_row("27b", 1, 65536, False, device)
+    yield from (_decode_row("35b_a3b", batch, 65536, True, device) for batch in (1, 8))
+    yield from (_store_row("27b", tokens, device) for tokens in (8, 8192))
