@@ -32,3 +32,4 @@ def test_a_failing_suite_keeps_the_rows_it_measured(
                                                      ("whole", "w")]
     assert "RuntimeError: cut" in rows[1]["shape"]
     assert "| partial | first | a |" in (tmp_path / "kernels.md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernels.json", "kernels.md"]

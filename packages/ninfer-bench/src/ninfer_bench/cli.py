@@ -7,6 +7,7 @@ the per-op microbenchmarks against their ceilings.
 from __future__ import annotations
 
 import json
+import os
 import platform
 from datetime import datetime, timezone
 from pathlib import Path
@@ -67,9 +68,14 @@ def kernels(only: tuple[str, ...], device: str, output: Path) -> None:
 
 
 def _write_kernels(output: Path, report: dict) -> None:
-    (output / "kernels.json").write_text(json.dumps(report, indent=1))
-    (output / "kernels.md").write_text(f"GPU {report['gpu']}, commit {report['commit']}, "
-                                       f"{report['date']}\n\n" + _markdown(report["rows"]))
+    """The report so far; each file replaced whole, so that a run killed while writing leaves
+    the previous version, never half a file."""
+    md = f"GPU {report['gpu']}, commit {report['commit']}, {report['date']}\n\n"
+    for name, text in (("kernels.json", json.dumps(report, indent=1)),
+                       ("kernels.md", md + _markdown(report["rows"]))):
+        tmp = output / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, output / name)
 
 
 def _ints(_: click.Context, __: click.Parameter, value: str) -> list[int]:
