@@ -122,6 +122,20 @@ def test_mixed_batch_of_prompt_chunks_and_decode_rows(
     assert_matches_reference(step, num_splits=splits, min_split_tokens=16)
 
 
+@pytest.mark.parametrize("int8", [True, False])
+@pytest.mark.parametrize("splits", [None, 2, 4])
+def test_prompt_blocks_walk_whole_tiles_unmasked(int8: bool, splits: int | None,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles every row of a block sees go through the kernel's unmasked loop: a chunk after 80
+    cached tokens (two whole 32-key tiles before its diagonal), a 70-token prompt whose later
+    10-token blocks start past one or two tiles, and a decode row; split contexts start their
+    unmasked walk at their own first key."""
+    monkeypatch.setattr(attention, "PREFILL_BLOCK_M", 32)
+    step = paged_step([12, 70, 1], [92, 70, 75], nq=6, nkv=2, d=64, page=16, int8=int8,
+                      dtype=DTYPES[0])
+    assert_matches_reference(step, num_splits=splits, min_split_tokens=16)
+
+
 @pytest.mark.parametrize("splits", [1, 4])
 def test_output_gate_is_fused(splits: int) -> None:
     step = paged_step([3, 1], [20, 33], nq=4, nkv=2, d=32, page=16, int8=True,

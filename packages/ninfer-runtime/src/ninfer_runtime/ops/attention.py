@@ -351,9 +351,10 @@ if triton is not None:
                    HEADS, GROUPS, GROUP, QUANT)
 
     @triton.jit
-    def _kv_slots(page_row, n, kv_hi, PAGE_SIZE: tl.constexpr):
-        """(the flat cache slots of key positions n, which of them are < kv_hi)."""
-        in_range = n < kv_hi
+    def _kv_slots(page_row, n, kv_hi, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr = True):
+        """(the flat cache slots of key positions n, which of them are < kv_hi); without
+        MASKED the caller knows they all are (a constant mask, which the compiler drops)."""
+        in_range = n < kv_hi if MASKED else tl.full(n.shape, True, tl.int1)
         page = tl.load(page_row + n // PAGE_SIZE, mask=in_range, other=0)
         return page * PAGE_SIZE + n % PAGE_SIZE, in_range
 
@@ -386,6 +387,58 @@ if triton is not None:
         if QUANT:
             x = tl.reshape(dequantize_int8_tile(x, s, ASM), (BLOCK_N, HEAD_DIM))
         return x.to(OUT_DTYPE)
+
+    @triton.jit
+    def _attend_tile(start, qt, m_i, l_i, acc, pos, kv_hi, window, page_row, k_cache, v_cache,
+                     k_scale, v_scale, kv_head, num_kv_heads, qk_scale, k_next, ks_next,
+                     v_next, vs_next, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr,
+                     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, MASKED: tl.constexpr,
+                     DOT_PRECISION: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr):
+        """Keys [start, start + BLOCK_N) into the online softmax (m_i, l_i, acc) of the rows
+        at positions `pos`. Without MASKED every row sees every key of the tile (the caller
+        knows), so no score is masked. With PREFETCH the tile is k_next .. vs_next, and the
+        next one is loaded into them."""
+        n = start + tl.arange(0, BLOCK_N)
+        if PREFETCH:
+            kx, ks, vx, vs = k_next, ks_next, v_next, vs_next
+            in_range = n < kv_hi
+            slots, ahead = _kv_slots(page_row, n + BLOCK_N, kv_hi, PAGE_SIZE)
+            k_next, ks_next = _kv_load(k_cache, k_scale, slots, ahead, kv_head,
+                                       num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, QUANT)
+            v_next, vs_next = _kv_load(v_cache, v_scale, slots, ahead, kv_head,
+                                       num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, QUANT)
+        else:
+            slots, in_range = _kv_slots(page_row, n, kv_hi, PAGE_SIZE, MASKED)
+            kx, ks = _kv_load(k_cache, k_scale, slots, in_range, kv_head, num_kv_heads,
+                              BLOCK_N, HEAD_DIM, GROUP, QUANT)
+        kt = _kv_values(kx, ks, qt.dtype, BLOCK_N, HEAD_DIM, QUANT, ASM)
+        # scores unscaled: the row max scaled once (the same value: rounding is monotone),
+        # each exponent one fma, in masked and whole tiles alike (so a row's bits do not
+        # depend on which tiles its block masks)
+        s = tl.dot(qt, tl.trans(kt), input_precision=DOT_PRECISION)
+        if MASKED:
+            seen = in_range[None, :]
+            if CAUSAL:
+                seen = seen & (n[None, :] <= pos[:, None])
+            if HAS_WINDOW:
+                seen = seen & (pos[:, None] - n[None, :] < window)
+                if not CAUSAL:
+                    seen = seen & (n[None, :] - pos[:, None] < window)
+            s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        m_safe = m_new  # finite where every key is seen
+        if MASKED:  # a row with nothing visible yet keeps m = -inf; subtracting 0 keeps exp2 at 0
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(tl.fma(s, qk_scale, -m_safe[:, None]))
+        alpha = tl.exp2(m_i - m_safe)
+        if not PREFETCH:  # V's load after the softmax's math, as K's before it
+            vx, vs = _kv_load(v_cache, v_scale, slots, in_range, kv_head, num_kv_heads,
+                              BLOCK_N, HEAD_DIM, GROUP, QUANT)
+        vt = _kv_values(vx, vs, qt.dtype, BLOCK_N, HEAD_DIM, QUANT, ASM)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=DOT_PRECISION)
+        return m_new, l_i, acc, k_next, ks_next, v_next, vs_next
 
     @triton.autotune(configs=_configs(),
                      key=["BLOCK_M", "GROUP_HEADS", "HEAD_DIM", "QUANT", "NUM_SPLITS", "CAUSAL",
@@ -454,6 +507,7 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        k_next, ks_next, v_next, vs_next = 0.0, 0.0, 0.0, 0.0  # PREFETCH: the next tile
         if PREFETCH:  # the first tile; each iteration then loads the next before computing
             slots, in_range = _kv_slots(page_row, kv_lo + tl.arange(0, BLOCK_N), kv_hi,
                                         PAGE_SIZE)
@@ -461,43 +515,30 @@ if triton is not None:
                                        num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, QUANT)
             v_next, vs_next = _kv_load(v_cache, v_scale, slots, in_range, kv_head,
                                        num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, QUANT)
-        for start in range(kv_lo, kv_hi, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            in_range = n < kv_hi
-            if PREFETCH:
-                kx, ks, vx, vs = k_next, ks_next, v_next, vs_next
-                slots, ahead = _kv_slots(page_row, n + BLOCK_N, kv_hi, PAGE_SIZE)
-                k_next, ks_next = _kv_load(k_cache, k_scale, slots, ahead, kv_head,
-                                           num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, QUANT)
-                v_next, vs_next = _kv_load(v_cache, v_scale, slots, ahead, kv_head,
-                                           num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, QUANT)
-            else:
-                slots, in_range = _kv_slots(page_row, n, kv_hi, PAGE_SIZE)
-                kx, ks = _kv_load(k_cache, k_scale, slots, in_range, kv_head, num_kv_heads,
-                                  BLOCK_N, HEAD_DIM, GROUP, QUANT)
-            kt = _kv_values(kx, ks, qt.dtype, BLOCK_N, HEAD_DIM, QUANT, ASM)
-            s = tl.dot(qt, tl.trans(kt), input_precision=DOT_PRECISION) * qk_scale
-            seen = in_range[None, :]
+        # Whole tiles every row sees (below the block's first position, before kv_hi) need no
+        # mask: walked first, without one (sm_90 SASS, INT8 prompt tile: 931 instructions a
+        # thread an iteration against 1,198 masked); the rest (the diagonal, a partial last
+        # tile, any windowed tile) with it. The same sums in the same order either way.
+        # Prefetching decode tiles keep one loop: carried from one loop into the next, their
+        # tiles cost more registers and permutes than the mask saves.
+        full_hi = kv_lo
+        if not (HAS_WINDOW or PREFETCH):
+            seen_by_all = kv_hi
             if CAUSAL:
-                seen = seen & (n[None, :] <= pos[:, None])
-            if HAS_WINDOW:
-                seen = seen & (pos[:, None] - n[None, :] < window)
-                if not CAUSAL:
-                    seen = seen & (n[None, :] - pos[:, None] < window)
-            s = tl.where(seen, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # a row with nothing visible yet keeps m = -inf; subtracting 0 keeps exp2 at 0
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            if not PREFETCH:  # V's load after the softmax's math, as K's before it
-                vx, vs = _kv_load(v_cache, v_scale, slots, in_range, kv_head, num_kv_heads,
-                                  BLOCK_N, HEAD_DIM, GROUP, QUANT)
-            vt = _kv_values(vx, vs, qt.dtype, BLOCK_N, HEAD_DIM, QUANT, ASM)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt,
-                                                input_precision=DOT_PRECISION)
-            m_i = m_new
+                seen_by_all = tl.minimum(kv_hi, context - (seq_end - first) + 1)
+            full_hi = kv_lo + tl.maximum(seen_by_all - kv_lo, 0) // BLOCK_N * BLOCK_N
+        for start in range(kv_lo, full_hi, BLOCK_N):
+            m_i, l_i, acc, k_next, ks_next, v_next, vs_next = _attend_tile(
+                start, qt, m_i, l_i, acc, pos, kv_hi, window, page_row, k_cache, v_cache,
+                k_scale, v_scale, kv_head, num_kv_heads, qk_scale, k_next, ks_next, v_next,
+                vs_next, BLOCK_N, HEAD_DIM, GROUP, PAGE_SIZE, QUANT, CAUSAL, HAS_WINDOW, False,
+                DOT_PRECISION, ASM, PREFETCH)
+        for start in range(full_hi, kv_hi, BLOCK_N):
+            m_i, l_i, acc, k_next, ks_next, v_next, vs_next = _attend_tile(
+                start, qt, m_i, l_i, acc, pos, kv_hi, window, page_row, k_cache, v_cache,
+                k_scale, v_scale, kv_head, num_kv_heads, qk_scale, k_next, ks_next, v_next,
+                vs_next, BLOCK_N, HEAD_DIM, GROUP, PAGE_SIZE, QUANT, CAUSAL, HAS_WINDOW, True,
+                DOT_PRECISION, ASM, PREFETCH)
 
         if NUM_SPLITS == 1:
             o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows may see no key

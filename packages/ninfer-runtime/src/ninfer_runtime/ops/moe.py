@@ -420,7 +420,7 @@ def _launch_moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeig
                         weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     gu, dn = _Experts.of(gate_up, "gate_up"), _Experts.of(down, "down")
     t, h = x.shape
-    num_experts, inter = gu.shape[0], _check_experts(x, gu, dn)
+    num_experts, inter = gu.shape[0], _check_experts(x, gate_up, down)
     top_k = ids.shape[1]
     pairs = t * top_k
     al = align(ids.to(torch.int64).contiguous(), num_experts,
@@ -438,7 +438,7 @@ def _launch_moe_dequantized(x: torch.Tensor, gate_up: ExpertWeight, down: Expert
     expert's in flat order (a stable sort: no host sync, sizes are known); one weight is
     dequantized at a time, freed once its GEMM is queued, so the allocator hands down's
     the same memory."""
-    _check_experts(x, _Experts.of(gate_up, "gate_up"), _Experts.of(down, "down"))
+    _check_experts(x, gate_up, down)
     top_k = ids.shape[1]
     flat = ids.reshape(-1).to(torch.int64)
     order = flat.argsort(stable=True)
@@ -472,14 +472,15 @@ def _combine(y: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor | None =
     return out
 
 
-def _check_experts(x: torch.Tensor, gu: _Experts, dn: _Experts) -> int:
+def _check_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight) -> int:
     """The intermediate size I, after checking gate_up [E, 2I, H] and down [E, H, I]."""
-    num_experts, h = gu.shape[0], x.shape[1]
-    inter = gu.shape[1] // 2
-    assert gu.shape[2] == h and dn.shape == (num_experts, h, inter), \
-        f"moe_experts: gate_up {gu.shape} and down {dn.shape} do not fit x {tuple(x.shape)}"
-    for w in (gu, dn):
-        if w.scheme == INT4:
+    gu, dn = tuple(gate_up.shape), tuple(down.shape)
+    num_experts, h = gu[0], x.shape[1]
+    inter = gu[1] // 2
+    assert len(gu) == 3 and gu[2] == h and dn == (num_experts, h, inter), \
+        f"moe_experts: gate_up {gu} and down {dn} do not fit x {tuple(x.shape)}"
+    for w in (gate_up, down):
+        if isinstance(w, PackedWeight) and _SCHEMES.get(w.scheme.name) == INT4:
             assert w.shape[2] % INT4_GROUP == 0, \
                 f"moe_experts: groupwise-int K {w.shape[2]} not a multiple of {INT4_GROUP}"
     return inter
@@ -493,7 +494,7 @@ def _launch_moe_decode(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeigh
     stage with x's `operand` where given)."""
     gu, dn = _Experts.of(gate_up, "gate_up"), _Experts.of(down, "down")
     assert x.stride(1) == 1, "moe_experts: x needs contiguous features"
-    inter = _check_experts(x, gu, dn)
+    inter = _check_experts(x, gate_up, down)
     t, h = x.shape
     top_k = ids.shape[1]
     ids = ids.to(torch.int64).contiguous()
