@@ -209,8 +209,8 @@ ATTENTION_TILES = (("prompt 35B", 128, 8, 1), ("prompt 27B", 128, 6, 1),
 def attention_variants(tmp: Path) -> None:
     """The paged attention kernel's KV loop over INT8 caches (head_dim 256, 64-token pages),
     per tuner candidate that its pruning keeps for the tile; "per weight" is per K/V element
-    a thread decodes in an iteration. Decode tiles dequantize with the inline PTX, as the
-    launcher picks them."""
+    a thread decodes in an iteration, dequantized with the inline PTX as the launcher has
+    them."""
     fn = attention._paged_attention_kernel.fn  # the JITFunction under the autotuner
     pointers = {"q": "*bf16", "k_cache": "*i8", "v_cache": "*i8", "k_scale": "*fp16",
                 "v_scale": "*fp16", "page_tables": "*i64", "cu_seqlens": "*i64",
@@ -225,7 +225,7 @@ def attention_variants(tmp: Path) -> None:
             cst = {"GROUP_HEADS": heads, "BLOCK_M": block_m, "BLOCK_N": kw["BLOCK_N"],
                    "HEAD_DIM": 256, "GROUP": 64, "PAGE_SIZE": 64, "NUM_SPLITS": splits,
                    "QUANT": True, "HAS_GATE": True, "CAUSAL": True, "HAS_WINDOW": False,
-                   "DOT_PRECISION": "tf32", "ASM": block_m <= attention.DECODE_BLOCK_M,
+                   "DOT_PRECISION": "tf32", "ASM": True,
                    "PREFETCH": kw["PREFETCH"], "GDC": True}
             k = compile_variant(fn, sig, cst, cfg.num_warps, cfg.num_stages)
             prefetch = " prefetch" if kw["PREFETCH"] else ""

@@ -14,6 +14,7 @@ Pages are handed out shuffled, as a long-running pool would, and the cache holds
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -91,24 +92,37 @@ def _decode_row(model: str, batch: int, context: int, int8: bool, device: str) -
             "ceiling": "4.24e12 B/s", "ratio_to_ceiling": moved / (us * 1e-6) / HBM_BYTES_PER_S}
 
 
+@contextmanager
+def _attention_settings(**values: object) -> Iterator[None]:
+    """ops.attention's module settings changed for one measurement, restored after."""
+    from ninfer_runtime.ops import attention
+
+    saved = {name: getattr(attention, name) for name in values}
+    for name, value in values.items():
+        setattr(attention, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(attention, name, value)
+
+
 def _prefill_row(model: str, chunk: int, context: int, int8: bool, device: str,
-                 block_m: int | None = None) -> dict:
+                 block_m: int | None = None, ptx: bool = True) -> dict:
     """block_m: the prompt tiles' rows instead of ops.attention.PREFILL_BLOCK_M (64: half
-    the registers, two programs an SM, twice the KV tiles decoded per query)."""
+    the registers, two programs an SM, twice the KV tiles decoded per query); not ptx: INT8
+    tiles dequantized in fp32 (I2F) instead of by ops.attention.KV_DEQUANT_ASM's PTX."""
     from ninfer_runtime.ops import attention
 
     nq, nkv = SHAPES[model]
     moved = _kv_bytes(context, nkv, int8) + 2 * chunk * nq * HEAD_DIM * 2
-    default = attention.PREFILL_BLOCK_M
-    attention.PREFILL_BLOCK_M = block_m or default
-    try:
+    with _attention_settings(PREFILL_BLOCK_M=block_m or attention.PREFILL_BLOCK_M,
+                             KV_DEQUANT_ASM=ptx and attention.KV_DEQUANT_ASM):
         calls = [_attention_call(model, [chunk], context, int8, device)
                  for _ in range(_copies(moved))]
         us = _time_us(calls)
-    finally:
-        attention.PREFILL_BLOCK_M = default
-    tiles = f", {block_m}-row tiles" if block_m else ""
-    return _flops_row(f"paged_attention prefill {model} {'int8' if int8 else 'bf16'} kv{tiles}",
+    variant = (f", {block_m}-row tiles" if block_m else "") + ("" if ptx else ", fp32 dequant")
+    return _flops_row(f"paged_attention prefill {model} {'int8' if int8 else 'bf16'} kv{variant}",
                       model, chunk, context, us)
 
 
@@ -156,12 +170,13 @@ def _store_row(model: str, tokens: int, device: str) -> dict:
 
 
 def bench(device: str = "cuda") -> Iterator[dict]:
-    """A lone 8K prompt in one step (INT8 and bf16 KV, INT8 in 64-row tiles, and torch's fused
-    attention on the same shape), a 1024-token prompt chunk over 8K, decode at 8K/64K/128K
-    context (batch 1 and 8), and the KV store for a decode step and a prompt chunk, each row
-    as it is measured."""
+    """A lone 8K prompt in one step (INT8 and bf16 KV, INT8 in 64-row tiles and dequantized in
+    fp32, and torch's fused attention on the same shape), a 1024-token prompt chunk over 8K,
+    decode at 8K/64K/128K context (batch 1 and 8), and the KV store for a decode step and a
+    prompt chunk, each row as it is measured."""
     for model in SHAPES:
         yield from (_prefill_row(model, 8192, 8192, int8, device) for int8 in (True, False))
+        yield _prefill_row(model, 8192, 8192, True, device, ptx=False)
         yield _prefill_row(model, 8192, 8192, True, device, block_m=64)
         yield _sdpa_row(model, 8192, device)
     yield _prefill_row("27b", 1024, 8192, True, device)

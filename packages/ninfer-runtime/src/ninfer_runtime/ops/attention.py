@@ -57,10 +57,15 @@ PREFILL_BLOCK_M = 128  # rows (tokens x q heads of a kv head) per program for pr
 MAX_SPLITS = 64  # context splits per query block (a power of two)
 MIN_SPLIT_TOKENS = 256  # fewer keys than this per split cost more in merging than they save
 WAVES = 2  # programs to aim for, per multiprocessor, before splitting stops
-# INT8 KV of decode tiles dequantized by inline PTX in fp16 (kv_quant.INT8_QUAD_PTX): 5.9
-# instead of 6.8 SASS instructions per KV element in the decode loop (sm_90, BLOCK_N 32, 4
-# warps), which is issue-bound. Not for prompt tiles (128 rows: it doubles their register
-# spills), fp32 queries, or the interpreter (which cannot run PTX).
+# INT8 KV dequantized by inline PTX in fp16 (kv_quant.INT8_QUAD_PTX), four codes an
+# instruction, the dots then in fp16. The fp32 path converts every code with I2F and rounds
+# pairs to bf16 with F2FP, conversions that Hopper issues at a fraction of the FP32 rate
+# (Triton took its own s8 -> bf16 cast off them for that reason, triton-lang/triton#4563): a
+# prompt tile's loop (BLOCK_M 128, BLOCK_N 64, 8 warps, sm_90 SASS) has 128 I2F and 80 F2FP a
+# thread an iteration among 931 instructions; with the PTX, 747 and neither (16 spill loads an
+# iteration at BLOCK_N 64, none at 32 or 16: the tuner picks). Decode loops: 5.9 instead of
+# 6.8 instructions per KV element (BLOCK_N 32, 4 warps). Not for fp32 queries or the
+# interpreter (which cannot run PTX).
 KV_DEQUANT_ASM = not INTERPRET
 
 
@@ -442,7 +447,7 @@ if triton is not None:
 
     @triton.autotune(configs=_configs(),
                      key=["BLOCK_M", "GROUP_HEADS", "HEAD_DIM", "QUANT", "NUM_SPLITS", "CAUSAL",
-                          "HAS_WINDOW"],
+                          "HAS_WINDOW", "ASM"],
                      prune_configs_by={"early_config_prune": _prune_configs},
                      cache_results=True)
     # Triton compiles a variant per value class of an int argument (== 1, divisible by 16, other);
@@ -681,7 +686,7 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         PAGE_SIZE=page_size, NUM_SPLITS=plan.num_splits, QUANT=quant, HAS_GATE=gate is not None,
         CAUSAL=causal, HAS_WINDOW=window is not None,
         DOT_PRECISION=dot_precision(q.dtype),
-        ASM=KV_DEQUANT_ASM and q.dtype != torch.float32 and plan.block_m <= DECODE_BLOCK_M,
+        ASM=KV_DEQUANT_ASM and q.dtype != torch.float32,
         **options(q.device),
     )
     if not split:
