@@ -173,26 +173,34 @@ def gemm_variants(tmp: Path) -> None:
 
 MOE_ARGS = ("a", "stride_am", "w", "scale", "aux", "stride_we", "stride_wn", "stride_se",
             "stride_sn", "stride_ae", "stride_an", "out", "stride_om", "sorted_slots",
-            "block_expert", "N", "K", "num_pairs", "top_k")
+            "block_expert", "N", "K", "num_pairs", "top_k", "xo_ptr", "inv_ptr")
 # (weight, scale, aux) pointer types of the grouped GEMM per scheme, as _launch_grouped passes
 MOE_PARTS = {"nvfp4": ("*i32", "*fp8e4nv", "*fp32"), "groupwise-int": ("*i32", "*bf16", "*u8")}
 
 
 def moe_variants(tmp: Path, block_m: int = 64) -> None:
+    """The grouped GEMM's loop per config: nvfp4 on fp16 operands (the GPU's path, "f16"), and
+    the bf16 tile decode of nvfp4 (which plain-dtype experts' prompts take) and
+    groupwise-int."""
     kernel = moe._grouped_gemm_kernel.fn.fn  # under the autotuner and the EVEN_K heuristic
-    for scheme, (mid, layout) in (("nvfp4", (moe.NVFP4, ql.LAYOUTS["nvfp4"])),
-                                  ("groupwise-int", (moe.INT4, ql.LAYOUTS["groupwise-int"]))):
+    for scheme, operand, (mid, layout) in (
+            ("nvfp4", True, (moe.NVFP4, ql.LAYOUTS["nvfp4"])),
+            ("nvfp4", False, (moe.NVFP4, ql.LAYOUTS["nvfp4"])),
+            ("groupwise-int", False, (moe.INT4, ql.LAYOUTS["groupwise-int"]))):
+        parts = ("*i32", "*u8", "*fp32") if operand else MOE_PARTS[scheme]
         for swiglu in (True, False):
             for cfg in moe._gemm_configs():
                 kw = cfg.kwargs
-                sig = dict(zip(MOE_ARGS, ("*bf16", "i32", *MOE_PARTS[scheme], *["i32"] * 6,
-                                          "*bf16", "i32", "*i64", "*i64", *["i32"] * 4),
+                sig = dict(zip(MOE_ARGS, ("*bf16", "i32", *parts, *["i32"] * 6, "*bf16", "i32",
+                                          "*i64", "*i64", *["i32"] * 4, "*fp16", "*fp32"),
                                       strict=True))
                 cst = {"SCHEME": mid, "QSCHEME": layout.scheme, "WPS": layout.words_per_scale,
                        "SWIGLU": swiglu, "BLOCK_M": block_m, "BLOCK_N": kw["BLOCK_N"],
-                       "BLOCK_K": kw["BLOCK_K"], "EVEN_K": True, "DOT_PRECISION": "tf32"}
+                       "BLOCK_K": kw["BLOCK_K"], "EVEN_K": True, "DOT_PRECISION": "tf32",
+                       "OPERAND": operand, "ASM": True}
                 k = compile_variant(kernel, sig, cst, cfg.num_warps, cfg.num_stages)
-                label = (f"moe {scheme} {'gate|up' if swiglu else 'down'} BM={block_m} "
+                label = (f"moe {scheme}{' f16' if operand else ''} "
+                         f"{'gate|up' if swiglu else 'down'} BM={block_m} "
                          f"BN={kw['BLOCK_N']} BK={kw['BLOCK_K']} w={cfg.num_warps} "
                          f"s={cfg.num_stages}")
                 tiles = 2 if swiglu else 1

@@ -8,7 +8,9 @@ I FLOPs over the bf16 tensor-core rate. Each prompt size times both of ops.moe's
 paths, called directly whatever `moe_experts` would pick: in registers (align, grouped GEMMs
 decoding their weight tiles per block, the weighted sum) and dequantized (each stacked weight
 dequantized once, torch's grouped GEMM), and for packed experts the dequantized weights
-through the in-register path's Triton GEMMs: where they cross sets ops.moe.DEQUANT_MIN_ROWS.
+through the in-register path's Triton GEMMs: where they cross sets ops.moe.DEQUANT_MIN_ROWS;
+nvfp4 also times the in-register path with its tiles decoded to bf16 (before its fp16
+operands).
 Weights are random bytes in the stored layouts; routing is random (uniform) and changes from
 call to call (a rotation of ROUTINGS draws), so consecutive calls read different experts, as
 consecutive layers do.
@@ -26,6 +28,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from ninfer_runtime.ops import moe
 from ninfer_runtime.ops.moe import (
     _launch_moe_dequantized,
     _launch_moe_experts,
@@ -53,9 +56,22 @@ def _dequantized_triton(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeig
                                *routing)
 
 
-# the prompt paths themselves, whichever moe_experts would pick (packed experts: all three)
+def _bf16_tile_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight,
+                      *routing: torch.Tensor) -> torch.Tensor:
+    """The in-register path with nvfp4 tiles decoded to bf16 (ops.moe.FP16_OPERANDS off),
+    as before the fp16 operands."""
+    moe.FP16_OPERANDS = False
+    try:
+        return _launch_moe_experts(x, gate_up, down, *routing)
+    finally:
+        moe.FP16_OPERANDS = True
+
+
+# the prompt paths themselves, whichever moe_experts would pick (packed experts: all of them;
+# the bf16 tile decode differs from "in registers" for nvfp4 only)
 PROMPT_PATHS = {"in registers": _launch_moe_experts, "dequantized": _launch_moe_dequantized,
-                "dequantized, Triton GEMM": _dequantized_triton}
+                "dequantized, Triton GEMM": _dequantized_triton,
+                "in registers, bf16 tile decode": _bf16_tile_decode}
 SCHEMES = ("nvfp4", "groupwise-int", "bf16")  # the engine's default format first
 ROUTINGS = 16  # routing draws rotated through by consecutive timed calls
 
@@ -124,8 +140,9 @@ def _experts_rows(scheme: str, gate_up: torch.Tensor | PackedWeight,
     ref_us = _eager_time_us(lambda: moe_experts_ref(x, gate_up, down, *routings[0]))
     shape = f"35B-A3B {scheme} T={t} H={h} I={inter} E={e} k={k}"
     if t in PREFILL_TOKENS:  # a call runs for milliseconds: eager timing is exact enough
-        paths = PROMPT_PATHS if isinstance(gate_up, PackedWeight) else {
-            name: PROMPT_PATHS[name] for name in ("in registers", "dequantized")}
+        names = (list(PROMPT_PATHS)[:3 + (scheme == "nvfp4")]
+                 if isinstance(gate_up, PackedWeight) else ["in registers", "dequantized"])
+        paths = {name: PROMPT_PATHS[name] for name in names}
         return [_row(f"moe_experts prefill, {name}", shape,
                      _eager_time_us(lambda path=path: path(x, gate_up, down, *next(turn))),
                      ref_us, 2 * t * k * 3 * h * inter, True)

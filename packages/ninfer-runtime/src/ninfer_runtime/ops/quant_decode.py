@@ -149,6 +149,15 @@ if triton is not None:
                 _int_code(c, 4), _int_code(c, 5), _int_code(c, 6), _int_code(c, 7))
 
     @triton.jit
+    def operand_scale(big):
+        """(m, 1 / m) for groups whose largest |x| is `big` (fp32): the power of two m that
+        puts it in [2^14, 2^15) (2^126 for zero or below 2^-112), as the module docstring
+        says."""
+        e = tl.maximum((big.to(tl.int32, bitcast=True) >> 23) & 0xFF, 15)
+        return (((268 - e) << 23).to(tl.float32, bitcast=True),  # 2^(141 - e)
+                ((e - 14) << 23).to(tl.float32, bitcast=True))
+
+    @triton.jit
     def store_operand(x, rows, row_ok, col0, M, K, xo_ptr, inv_ptr, xsum_ptr,
                       GROUP: tl.constexpr, HAS_SUM: tl.constexpr):
         """Rows `rows` of an [M, K] activation as the decode kernels' operand (the layout and
@@ -161,13 +170,11 @@ if triton is not None:
         G: tl.constexpr = C // GROUP
         cols = col0 + tl.arange(0, C)
         xg = tl.reshape(x, (R, G, GROUP))
-        big = tl.max(tl.abs(xg), axis=2)
-        e = tl.maximum((big.to(tl.int32, bitcast=True) >> 23) & 0xFF, 15)
-        m = ((268 - e) << 23).to(tl.float32, bitcast=True)  # 2^(141 - e)
+        m, inv = operand_scale(tl.max(tl.abs(xg), axis=2))
         group = col0 // GROUP + tl.arange(0, G)
         g_off = group[None, :] * M + rows[:, None]
         g_ok = row_ok[:, None] & (group * GROUP < K)[None, :]
-        tl.store(inv_ptr + g_off, ((e - 14) << 23).to(tl.float32, bitcast=True), mask=g_ok)
+        tl.store(inv_ptr + g_off, inv, mask=g_ok)
         xo = (xg * m[:, :, None]).to(tl.float16)
         if HAS_SUM:  # exact: the same sum whatever tile layout the caller's kernel has
             fixed = (xo.to(tl.float32) * 16777216.0).to(tl.int64)  # 2^24: each an integer
