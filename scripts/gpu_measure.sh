@@ -93,6 +93,8 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
     gdnprobe) timeout 240 python3 scripts/gdn_probe.py ${GDN_ARGS:-} ;;
     kattn) timeout 360 python3 -m ninfer_bench.cli kernels --only attention --output "$out/kernels-attn" ;;
     kmoe) timeout 420 python3 -m ninfer_bench.cli kernels --only moe --output "$out/kernels-moe" ;;
+    klin27) NINFER_BENCH_MODELS=27B NINFER_BENCH_SCHEMES=nvfp4 timeout 300 python3 -m ninfer_bench.cli \
+              kernels --only linear --output "$out/kernels-linear" ;;
     dprobe) timeout 420 python3 scripts/decode_probe.py ${DPROBE_ARGS:-} ;;
     ncu) timeout 200 ncu --clock-control none --kernel-name regex:_decode_kernel \
            --section WarpStateStats --section SchedulerStats --section Occupancy \

@@ -155,19 +155,22 @@ def decode_variants(asm: bool, tmp: Path) -> None:
 
 
 def gemm_variants(tmp: Path) -> None:
-    for scheme in ("nvfp4", "groupwise-int"):
+    """The prefill GEMM's loop per config: nvfp4 on fp16 operands (the GPU's path for half
+    activations, "f16"), nvfp4's and groupwise-int's bf16 tile decode."""
+    for scheme, operand in (("nvfp4", True), ("nvfp4", False), ("groupwise-int", False)):
         sid, wps = SCHEME_IDS[scheme]
         for cfg in ql._gemm.configs:
             kw = cfg.kwargs
             sig = dict(zip(ARGS, ("*bf16", "*i32", *PARTS[scheme], "*bf16", "i32", "i32", "i32",
                                   "i32", "i32", "i32"), strict=True))
-            sig["m_bucket"] = "i32"
+            sig.update(m_bucket="i32", xo_ptr="*fp16", inv_ptr="*fp32")
             cst = {"SCHEME": sid, "WPS": wps, "PRECISION": "tf32", "EVEN_K": True,
-                   "BM": kw["BM"], "BN": kw["BN"], "BK": kw["BK"], "GROUP_M": kw["GROUP_M"]}
+                   "OPERAND": operand, "ASM": True, "BM": kw["BM"], "BN": kw["BN"],
+                   "BK": kw["BK"], "GROUP_M": kw["GROUP_M"]}
             k = compile_variant(ql._gemm_kernel, sig, cst, cfg.num_warps, cfg.num_stages)
             # the dequantize cost per weight is shared by BM rows of MMA work
-            label = (f"gemm {scheme} BM={kw['BM']} BN={kw['BN']} BK={kw['BK']} "
-                     f"w={cfg.num_warps} s={cfg.num_stages}")
+            label = (f"gemm {scheme}{' f16' if operand else ''} BM={kw['BM']} BN={kw['BN']} "
+                     f"BK={kw['BK']} w={cfg.num_warps} s={cfg.num_stages}")
             report(label, k, kw["BN"] * kw["BK"] // (32 * cfg.num_warps), tmp)
 
 

@@ -1,8 +1,8 @@
-"""scripts/hopper_compile.py on the MoE prompt-path tests: every kernel specialization they
-launch under the interpreter (and its bf16 H200 twin) compiles for sm_90 (~80 s on 2 cores):
-align, the grouped GEMM (bf16 tile decode and fp16 operands), the fp16 operand's layout and
-the weighted sum of the in-register path, the dequantization and SiLU of the dequantized one. The GPU found 7564065's failure in the grouped GEMM; this finds
-such failures on a CPU."""
+"""scripts/hopper_compile.py on the MoE prompt-path tests: every kernel specialization they launch
+under the interpreter (and its bf16 H200 twin) compiles for sm_90 (~80 s on 2 cores): align, the
+grouped GEMM (bf16 tile decode and fp16 operands), the fp16 operand's layout and the weighted
+sum of the in-register path, the dequantization and SiLU of the dequantized one. The GPU found
+7564065's failure in the grouped GEMM; this finds such failures on a CPU."""
 
 from __future__ import annotations
 

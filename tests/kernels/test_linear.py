@@ -84,6 +84,38 @@ def test_linear_matches_reference(scheme: str, m: int, n: int, k: int) -> None:
     check(linear(x, w), x, w)
 
 
+def test_the_gemm_operand_is_each_row_scaled_by_code_position() -> None:
+    """`gemm_operand`: every row times the power of two that puts its largest |x| in
+    [2^14, 2^15), rounded once to fp16, input k0 + 8w + j of each 128-input tile at
+    k0 + 16j + w; inv the inverse power of two (a zero row too)."""
+    x = rand(5, 256, dtype=HALF, seed=8) * torch.tensor(
+        [1.0, 1e-3, 300.0, 0.0, 1.0], device=DEVICE, dtype=HALF)[:, None]
+    xo, inv = quant_linear.gemm_operand(x)
+    assert xo.shape == (5, 256) and xo.dtype == torch.float16 and inv.shape == (5,)
+    m = 1.0 / inv.double()
+    assert torch.equal(torch.log2(m), torch.log2(m).round())  # powers of two
+    expected = (x.double() * m[:, None]).to(torch.float16)
+    expected = expected.view(5, 2, 16, 8).transpose(2, 3).reshape(5, 256)
+    assert torch.equal(xo, expected)
+    big = xo.float().abs().amax(1)
+    assert bool(((big >= 2**14) & (big < 2**15))[[0, 1, 2, 4]].all()) and big[3] == 0
+
+
+@pytest.mark.parametrize("m", [17, 64])
+def test_nvfp4_prompt_gemm_runs_on_fp16_operands(m: int, monkeypatch: pytest.MonkeyPatch
+                                                 ) -> None:
+    """Half activations and nvfp4 weights of whole 128-input K tiles: x's row operand made
+    once, the weight tiles decoded as the decode GEMV decodes them; against the reference."""
+    made = []
+    operand = quant_linear.gemm_operand
+    monkeypatch.setattr(quant_linear, "gemm_operand",
+                        lambda a: made.append(a.shape) or operand(a))
+    w = packed("nvfp4", 80, 384, seed=4)
+    x = rand(m, 384, dtype=HALF)
+    check(linear(x, w), x, w)
+    assert made == [(m, 384)]
+
+
 @pytest.mark.parametrize("m", [1, 3, 17])
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_fp32_activations(scheme: str, m: int) -> None:

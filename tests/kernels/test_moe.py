@@ -164,23 +164,6 @@ def test_moe_experts(path: str, case: tuple[str, int, int, int], dtype: torch.dt
     torch.testing.assert_close(out.float(), expected, rtol=tol, atol=tol * scale)
 
 
-def test_the_gemm_operand_is_each_row_scaled_by_code_position() -> None:
-    """`_gemm_operand`: every row times the power of two that puts its largest |x| in
-    [2^14, 2^15), rounded once to fp16, input k0 + 8w + j of each 128-input tile at
-    k0 + 16j + w; inv the inverse power of two (a zero row too)."""
-    x = torch.randn(5, 256, generator=gen(8)).to(DEVICE, HALF) * torch.tensor(
-        [1.0, 1e-3, 300.0, 0.0, 1.0], device=DEVICE, dtype=HALF)[:, None]
-    xo, inv = moe._gemm_operand(x)
-    assert xo.shape == (5, 256) and xo.dtype == torch.float16 and inv.shape == (5,)
-    m = 1.0 / inv.double()
-    assert torch.equal(torch.log2(m), torch.log2(m).round())  # powers of two
-    expected = (x.double() * m[:, None]).to(torch.float16)
-    expected = expected.view(5, 2, 16, 8).transpose(2, 3).reshape(5, 256)
-    assert torch.equal(xo, expected)
-    big = xo.float().abs().amax(1)
-    assert bool(((big >= 2**14) & (big < 2**15))[[0, 1, 2, 4]].all()) and big[3] == 0
-
-
 @pytest.mark.parametrize("tokens", [3, 40])
 def test_nvfp4_prompts_run_the_grouped_gemms_on_fp16_operands(
         tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,8 +172,9 @@ def test_nvfp4_prompts_run_the_grouped_gemms_on_fp16_operands(
     against the fp32 reference (40 tokens x 2 slots on 8 experts: several blocks an
     expert)."""
     made = []
-    operand = moe._gemm_operand
-    monkeypatch.setattr(moe, "_gemm_operand", lambda a: made.append(a.shape) or operand(a))
+    operand = quant_linear.gemm_operand
+    monkeypatch.setattr(quant_linear, "gemm_operand",
+                        lambda a: made.append(a.shape) or operand(a))
     x, gate_up, down, weights, ids = experts_case("nvfp4", tokens, 256, 128, HALF)
     out = _launch_moe_experts(x, gate_up, down, weights, ids)
     assert [shape[1] for shape in made] == [256, 128]  # x, then hidden

@@ -1,19 +1,22 @@
 """`linear` on the real projection shapes: packed nvfp4 / groupwise-int kernels and bf16 cuBLAS.
 
 Decode (M = 1, 2, 4, 8 tokens) streams the weight once: its ceiling is the bytes moved (packed
-codes, scales, activations in, outputs out) at the copy bandwidth, 4.24e12 B/s. Prefill
-(M = 4096) is tensor-core bound: its ceiling is 2MNK at 789e12 bf16 FLOP/s. The bf16 rows are
-F.linear (cuBLAS), the reference point on the same shapes; the small unquantized projections
-(in_proj_ba, the MoE router) compare cuBLAS with ops.skinny_linear. Random stored parts (the
-kernels' speed does not depend on the values); small matrices are rotated over several copies
-so that decode reads come from HBM, not from the 50 MB L2.
+codes, scales, activations in, outputs out) at the copy bandwidth, 4.24e12 B/s. Prefill (M =
+256, the in-register GEMM, nvfp4 also with its tiles decoded to bf16; M = 1,024 and 4,096,
+dequantized for cuBLAS, nvfp4 at 1,024 also in the in-register GEMM) is tensor-core bound: its
+ceiling is 2MNK at 789e12 bf16 FLOP/s. The bf16 rows are F.linear (cuBLAS), the reference point
+on the same shapes; the small unquantized projections (in_proj_ba, the MoE router) compare
+cuBLAS with ops.skinny_linear. Random stored parts (the kernels' speed does not depend on the
+values); small matrices are rotated over several copies so that decode reads come from HBM, not
+from the 50 MB L2.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -28,6 +31,10 @@ MODELS = {"27B": "qwen3_6_27b", "35B-A3B": "qwen3_6_35b_a3b"}
 SCHEMES = ("nvfp4", "groupwise-int", "bf16")
 DECODE_M = (1, 2, 4, 8)  # batched decode and speculative verification sizes
 PREFILL_M = 4096
+MID_M = 256  # a short prompt: the in-register GEMM (ops.quant_linear), not cuBLAS
+# dequantized for cuBLAS (>= DEQUANT_MIN_M); nvfp4 also through the in-register GEMM, where the
+# two cross sets DEQUANT_MIN_M
+CROSS_M = 1024
 L2_BYTES = 50 * 2**20
 MAX_COPIES = 512
 
@@ -108,6 +115,29 @@ def save_table(lines: list[str], filename: str) -> None:
             f.write("\n".join(lines) + "\n")
 
 
+@contextmanager
+def bf16_tile_decode() -> Iterator[None]:
+    """nvfp4 prompt GEMMs decode their weight tiles to bf16 instead of running on fp16
+    operands (ops.quant_linear.PROMPT_FP16_OPERANDS off), for comparison."""
+    from ninfer_runtime.ops import quant_linear
+
+    quant_linear.PROMPT_FP16_OPERANDS = False
+    try:
+        yield
+    finally:
+        quant_linear.PROMPT_FP16_OPERANDS = True
+
+
+def _in_register_gemm(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """x @ w^T by ops.quant_linear's in-register GEMM at any M (linear dequantizes for cuBLAS
+    from DEQUANT_MIN_M rows)."""
+    from ninfer_runtime.ops import quant_linear
+
+    out = torch.empty((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
+    quant_linear._launch_gemm(x, quant_linear._operands(w), out)
+    return out
+
+
 def _rotating(ws: list[Weight], x: torch.Tensor,
               fn: Callable[[torch.Tensor, Weight], torch.Tensor] = linear
               ) -> Callable[[], torch.Tensor]:
@@ -173,13 +203,19 @@ def bench(device: str = "cuda") -> list[dict]:
                 ws = weight_copies(scheme, n, k, device, gen)
                 first, size = ws[0], weight_bytes(ws[0])
                 # lm_head is only applied to the last token of a prefill: no prefill row
-                ms = DECODE_M if "lm_head" in name else (*DECODE_M, PREFILL_M)
+                ms = DECODE_M if "lm_head" in name else (*DECODE_M, MID_M, CROSS_M, PREFILL_M)
                 for m in ms:
                     x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
-                    us = _timed(_rotating(ws, x))
-                    rows.append(_row(f"linear {scheme}",
-                                     f"{label} {name} M={m} N={n} K={k}{_plan(first, x)}", us,
-                                     size + 2 * m * (k + n), 2 * m * n * k, m in DECODE_M))
+                    shape = f"{label} {name} M={m} N={n} K={k}{_plan(first, x)}"
+                    work = (size + 2 * m * (k + n), 2 * m * n * k, m in DECODE_M)
+                    rows.append(_row(f"linear {scheme}", shape, _timed(_rotating(ws, x)), *work))
+                    if m == MID_M and scheme == "nvfp4":
+                        with bf16_tile_decode():
+                            us = _timed(_rotating(ws, x))
+                        rows.append(_row("linear nvfp4, bf16 tile decode", shape, us, *work))
+                    if m == CROSS_M and scheme == "nvfp4":
+                        us = _timed(_rotating(ws, x, _in_register_gemm))
+                        rows.append(_row("linear nvfp4, in-register GEMM", shape, us, *work))
                 del ws, first
         if not schemes or "bf16" in schemes:
             rows += _small_plain(label, get_profile(profile).config, device, gen)

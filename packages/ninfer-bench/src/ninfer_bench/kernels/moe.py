@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from ninfer_runtime.ops import moe
+from ninfer_bench.kernels.linear import bf16_tile_decode
 from ninfer_runtime.ops.moe import (
     _launch_moe_dequantized,
     _launch_moe_experts,
@@ -58,13 +58,9 @@ def _dequantized_triton(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeig
 
 def _bf16_tile_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight,
                       *routing: torch.Tensor) -> torch.Tensor:
-    """The in-register path with nvfp4 tiles decoded to bf16 (ops.moe.FP16_OPERANDS off),
-    as before the fp16 operands."""
-    moe.FP16_OPERANDS = False
-    try:
+    """The in-register path with nvfp4 tiles decoded to bf16, as before its fp16 operands."""
+    with bf16_tile_decode():
         return _launch_moe_experts(x, gate_up, down, *routing)
-    finally:
-        moe.FP16_OPERANDS = True
 
 
 # the prompt paths themselves, whichever moe_experts would pick (packed experts: all of them;

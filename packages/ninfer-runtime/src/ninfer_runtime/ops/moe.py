@@ -33,14 +33,10 @@ Each op has a torch reference (`*_ref`, the oracle and the CPU path) and a Trito
     SiLU-and-mul fused into the epilogue (-> hidden [padded rows, I]), then down (-> one row
     per (token, slot)). Both read the stacked expert weights [E, N, K] as stored (bf16,
     nvfp4 or groupwise-int), dequantizing packed tiles in registers once per block. nvfp4
-    experts with half activations take the decode GEMV's decoders (`_operand_tile`: the PTX
-    turns codes and block scales into exact fp16 operands, two codes an instruction) and fp16
-    activations: each row of x, then of hidden, scaled by the power of two that puts its
-    largest |x| in [2^14, 2^15) and laid out by code position within each K tile
-    (`_gemm_operand`), the scale undone in the epilogue. sm_90 SASS (Triton 3.6, 64-row
-    blocks, BN 128, 8 warps): ~3.7 instructions a weight against 6.2 for ops.quant_linear's
-    bf16 tile decode (its I2F-free fp32 path: LOP3, IMAD, FMUL and an F2FP per two weights).
-    Other experts take that tile decode, as the dense prefill GEMM does.
+    experts with half activations run on fp16 operands as ops.quant_linear's prefill GEMM
+    does (`operand_tile`, the decode GEMV's PTX decoders, against row operands of x, then of
+    hidden, `gemm_operand`): sm_90 SASS (Triton 3.6, 64-row blocks, BN 128, 8 warps) ~3.7
+    instructions a weight against 6.2 for the bf16 tile decode that other experts take.
   - dequantized (`_launch_moe_dequantized`), bf16 prompts of at least DEQUANT_MIN_ROWS pairs
     per expert on a GPU where torch's grouped GEMM runs (CUTLASS, `_grouped_mm_runs`; a CUDA
     graph's verify step has far fewer): each stacked weight (bf16 experts as they are) is
@@ -102,12 +98,6 @@ DEQUANT_MIN_ROWS = 192
 # Up to this many tokens moe_experts takes the GEMV path: a pair's expert is read by its own
 # programs (L2 absorbs repeats of an expert within the step); above it, sorting by expert pays.
 DECODE_MAX_TOKENS = 16
-# K tile of the grouped GEMM (one int4 group); its fp16 activation operand is laid out in
-# tiles of this many inputs (`_gemm_operand`)
-GEMM_BLOCK_K = 128
-# nvfp4 prompts' grouped GEMMs on fp16 operands (module docstring); off: the bf16 tile
-# decode, as other experts (ninfer-bench kernels times both)
-FP16_OPERANDS = True
 
 
 # ---- references ----
@@ -404,8 +394,8 @@ def _launch_grouped(a: torch.Tensor, w: _Experts, out: torch.Tensor, al: Alignme
 
     swiglu: a = x [T, K] gathered by token, out = hidden [padded rows, N] with N = I, the
     weight's rows [0, I) gate and [I, 2I) up. Otherwise: a = hidden [padded rows, K], out =
-    [T * k, N] scattered by pair. operand: a's `_gemm_operand` (nvfp4 weights), read instead
-    of a.
+    [T * k, N] scattered by pair. operand: a's `quant_linear.gemm_operand` (nvfp4 weights),
+    read instead of a.
     """
     _, n_rows, k = w.shape
     n = n_rows // 2 if swiglu else n_rows
@@ -416,7 +406,7 @@ def _launch_grouped(a: torch.Tensor, w: _Experts, out: torch.Tensor, al: Alignme
     if w.scheme != PLAIN:  # quant_linear's tile decode: int32 words, typed block scales
         layout = _DECODE_LAYOUTS[w.scheme]
         weight, qscheme, wps = w.weight.view(torch.int32), layout.scheme, layout.words_per_scale
-        if w.scheme == NVFP4 and operand is None:
+        if w.scheme == NVFP4:
             scale = w.scale.view(torch.float8_e4m3fn)
     xo, inv = operand if operand is not None else (a, a)
 
@@ -441,35 +431,15 @@ def _launch_moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeig
     pairs = t * top_k
     al = align(ids.to(torch.int64).contiguous(), num_experts,
                grouped_block_m(pairs, num_experts))
-    f16 = _fp16_operands(x, gu, dn)
+    f16 = quant_linear.fp16_operands(x, gu.scheme == dn.scheme == NVFP4, gu.shape[2],
+                                     dn.shape[2])
     hidden = torch.empty((al.sorted_slots.shape[0], inter), dtype=x.dtype, device=x.device)
     _launch_grouped(x, gu, hidden, al, pairs, top_k, swiglu=True,
-                    operand=_gemm_operand(x) if f16 else None)
+                    operand=quant_linear.gemm_operand(x) if f16 else None)
     y = torch.empty((pairs, h), dtype=x.dtype, device=x.device)
     _launch_grouped(hidden, dn, y, al, pairs, top_k, swiglu=False,
-                    operand=_gemm_operand(hidden) if f16 else None)
+                    operand=quant_linear.gemm_operand(hidden) if f16 else None)
     return _combine(y, weights)
-
-
-def _fp16_operands(x: torch.Tensor, gu: _Experts, dn: _Experts) -> bool:
-    """Whether the grouped GEMMs take fp16 operands (module docstring): nvfp4 experts, half
-    activations, whole K tiles."""
-    return (FP16_OPERANDS and x.dtype in (torch.float16, torch.bfloat16)
-            and gu.scheme == dn.scheme == NVFP4
-            and gu.shape[2] % GEMM_BLOCK_K == 0 and dn.shape[2] % GEMM_BLOCK_K == 0)
-
-
-def _gemm_operand(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(xo [M, K] fp16, inv [M] fp32) of a [M, K] for the grouped GEMM's fp16 path: each row
-    times the power of two m that puts its largest |a| in [2^14, 2^15), rounded once, each K
-    tile of GEMM_BLOCK_K inputs in code position order; inv = 1 / m."""
-    m, k = a.shape
-    xo = torch.empty((m, k), dtype=torch.float16, device=a.device)
-    inv = torch.empty(m, dtype=torch.float32, device=a.device)
-    kp = triton.next_power_of_2(k)
-    _gemm_operand_kernel[(m,)](a, a.stride(0), xo, inv, k, BLOCK_K=GEMM_BLOCK_K, KP=kp,
-                               num_warps=max(1, min(8, kp // 512)))
-    return xo, inv
 
 
 def _launch_moe_dequantized(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
@@ -661,11 +631,11 @@ def _gemm_configs() -> list[triton.Config]:
     compiled per key): narrow N tiles spread a short prompt's experts over more programs,
     wide ones with 8 warps suit the 64-row blocks of long prompts.
     """
+    bk = quant_linear.OPERAND_BLOCK_K  # the fp16 path's operand tile
     if INTERPRET:
-        return [triton.Config({"BLOCK_N": 32, "BLOCK_K": GEMM_BLOCK_K}, num_warps=4,
-                              num_stages=1)]
+        return [triton.Config({"BLOCK_N": 32, "BLOCK_K": bk}, num_warps=4, num_stages=1)]
     shapes = [(64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 8, 4)]
-    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": GEMM_BLOCK_K}, num_warps=w, num_stages=s)
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
             for bn, w, s in shapes]
 
 
@@ -673,7 +643,7 @@ def _gemm_configs() -> list[triton.Config]:
 
 if triton is not None:
     from ninfer_runtime.ops.launch import prefetch_to_l2, wait_for_inputs
-    from ninfer_runtime.ops.quant_decode import nv_operands, operand_scale, store_operand_group
+    from ninfer_runtime.ops.quant_decode import store_operand_group
     from ninfer_runtime.ops.quant_linear import (
         _NV_F16_OUT,
         _NV_FMA_SCALE,
@@ -682,12 +652,11 @@ if triton is not None:
         _NVFP4,
         _e2m1,
         _graph_bench,
-        _operand_group,
-        _per_word,
         _uint4,
         _weight_tile,
         decode_result,
         decode_tile,
+        operand_tile,
         sum_parts,
     )
     from ninfer_runtime.ops.skinny_linear import skinny_part, write_operand
@@ -901,22 +870,6 @@ if triton is not None:
         return tile
 
     @triton.jit
-    def _operand_tile(w, scale, e, rows, row_ok, k0, stride_we, stride_wn, stride_se,
-                      stride_sn, BLOCK_K: tl.constexpr, ASM: tl.constexpr):
-        """Expert e's nvfp4 weight rows `rows`, inputs [k0, k0 + BLOCK_K), as tl.dot's [BN,
-        BLOCK_K] fp16 operand by code position (the decode GEMV's e2m1 * s * 2^-14, exact),
-        matching `_gemm_operand`'s layout of the activations."""
-        BKW: tl.constexpr = BLOCK_K // 8
-        kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
-        ks = k0 // 16 + tl.arange(0, BKW // 2)  # a block scale per two words
-        row_off = rows.to(tl.int64)
-        words = tl.load(w + e * stride_we + row_off[:, None] * stride_wn + kw[None, :],
-                        mask=row_ok[:, None], other=0).to(tl.uint32, bitcast=True)
-        sbytes = tl.load(scale + e * stride_se + row_off[:, None] * stride_sn + ks[None, :],
-                         mask=row_ok[:, None], other=0)
-        return _operand_group(nv_operands(words, _per_word(sbytes, 2), ASM), 0, 8)
-
-    @triton.jit
     def _global_scale(acc, aux, e, rows, row_mask, stride_ae, stride_an,
                       SCHEME: tl.constexpr, FACTOR: tl.constexpr):
         """nvfp4: the per-row fp32 global scale times FACTOR (what the tile decode left out),
@@ -945,7 +898,8 @@ if triton is not None:
         silu(gate) * up, stored at the block's padded rows. Otherwise rows of a are the
         padded rows and each result row goes to its pair's row (`_combine` weights it).
         OPERAND (nvfp4, whole K tiles): a's rows are read from its fp16 operand xo_ptr,
-        inv_ptr (`_gemm_operand`) and the weights decoded into fp16 (`_operand_tile`).
+        inv_ptr (`quant_linear.gemm_operand`) and the weights decoded into fp16
+        (`quant_linear.operand_tile`).
         """
         pid_m = tl.program_id(0)
         e = tl.load(block_expert + pid_m)
@@ -965,8 +919,8 @@ if triton is not None:
             x_mask = valid[:, None] if EVEN_K else valid[:, None] & (ks < K)[None, :]
             x = tl.load(x_base + ks[None, :], mask=x_mask, other=0.0)
             if OPERAND:
-                gate = _operand_tile(w, scale, e, cols, col_mask, k0, stride_we, stride_wn,
-                                     stride_se, stride_sn, BLOCK_K, ASM)
+                gate = operand_tile(w + e * stride_we, scale + e * stride_se, cols, col_mask,
+                                    k0, stride_wn, stride_sn, BLOCK_K, ASM)
             else:
                 gate = _expert_tile(w, scale, aux, e, cols, col_mask, k0, K, stride_we,
                                     stride_wn, stride_se, stride_sn, stride_ae, SCHEME,
@@ -974,8 +928,8 @@ if triton is not None:
             acc = tl.dot(x, tl.trans(gate), acc, input_precision=DOT_PRECISION)
             if SWIGLU:
                 if OPERAND:
-                    up = _operand_tile(w, scale, e, cols + N, col_mask, k0, stride_we,
-                                       stride_wn, stride_se, stride_sn, BLOCK_K, ASM)
+                    up = operand_tile(w + e * stride_we, scale + e * stride_se, cols + N,
+                                      col_mask, k0, stride_wn, stride_sn, BLOCK_K, ASM)
                 else:
                     up = _expert_tile(w, scale, aux, e, cols + N, col_mask, k0, K, stride_we,
                                       stride_wn, stride_se, stride_sn, stride_ae, SCHEME,
@@ -997,20 +951,6 @@ if triton is not None:
         else:
             tl.store(out + pair[:, None] * stride_om + cols[None, :],
                      acc.to(out.dtype.element_ty), mask=store_mask)
-
-    @triton.jit
-    def _gemm_operand_kernel(a, stride_a, xo_ptr, inv_ptr, K, BLOCK_K: tl.constexpr,
-                             KP: tl.constexpr):
-        """Row program_id(0) of a [M, K] as `_gemm_operand` lays it out: input k0 + 8w + j of
-        each K tile at k0 + j * BLOCK_K / 8 + w, times the row's operand scale."""
-        row = tl.program_id(0).to(tl.int64)
-        k = tl.arange(0, KP)
-        x = tl.load(a + row * stride_a + k, mask=k < K, other=0.0).to(tl.float32)
-        m, r = operand_scale(tl.max(tl.abs(x), axis=0))
-        x = tl.reshape(tl.permute(tl.reshape(x * m, (KP // BLOCK_K, BLOCK_K // 8, 8)),
-                                  (0, 2, 1)), (KP,))
-        tl.store(xo_ptr + row * K + k, x.to(tl.float16), mask=k < K)
-        tl.store(inv_ptr + row, r)
 
     @triton.jit
     def _combine_kernel(y, stride_y, rows, weights, out, H, TOP_K: tl.constexpr,

@@ -47,6 +47,14 @@ Kernels:
   GEMM; the [BN, BK] weight tile
   is dequantized in registers to x.dtype (exact for nvfp4 in bf16 and fp16), interleaved back
   to input order and fed to tl.dot (wgmma) with the activation tile, fp32 accumulation.
+  nvfp4 weights with half activations take the fp16 decoder instead (`operand_tile`, the
+  tile's codes concatenated by code position) against a row operand of x made once per call
+  (`gemm_operand`: each row times the power of two that puts its largest |x| in [2^14,
+  2^15), rounded once to fp16 (exact for every bf16 value within 2^-28 of the row's largest),
+  each K tile of OPERAND_BLOCK_K inputs laid out by code position), the row scale undone in
+  the epilogue: sm_90 SASS 3.2-4.5 instructions a weight in the K loop against 6.1-8.0 for the
+  fp32 decoder's bf16 tile (LOP3, IMAD, FMUL and an F2FP per two weights). ops.moe's grouped
+  GEMM does the same.
 - `_dequant_kernel`, prefill of at least DEQUANT_MIN_M rows: the same tile decode,
   stored as a whole x.dtype weight for cuBLAS. On the H200 the fused GEMM reaches ~43% of bf16
   FLOPs (the decode in its inner loop) where cuBLAS bf16 reaches 85-90% on the same shapes;
@@ -84,6 +92,11 @@ except ImportError:  # CPU-only install: linear() runs the reference
 
 SKINNY_MAX_M = 16  # up to here the decode kernel, above it the tiled GEMM
 DEQUANT_MIN_M = 512  # from here dequantize once and call cuBLAS (_dequant_kernel)
+# nvfp4 prompt GEMMs (this module's and ops.moe's grouped one) on fp16 operands in K tiles of
+# OPERAND_BLOCK_K inputs (module docstring); off: the fp32 decoder's bf16 tile, as other
+# weights take (ninfer-bench kernels times both)
+OPERAND_BLOCK_K = 128
+PROMPT_FP16_OPERANDS = True
 # nvfp4 global-scale runs given one cuBLAS GEMM each (a fused weight has up to 4 sources);
 # scales that change more often are applied to an fp32 product instead (dequant_matmul)
 _MAX_ALPHA_RUNS = 8
@@ -583,16 +596,41 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
 def _launch_gemm(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
     m, k = x.shape
     n = out.shape[1]
+    f16 = fp16_operands(x, ops.layout.scheme == _NVFP4_ID, k)
+    xo, inv = gemm_operand(x) if f16 else (x, x)
 
     def grid(meta: dict) -> tuple[int]:
         return (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)
 
     # NOTE: the autotune key uses M rounded up to a power of two, so chunked prefill's varying
     # token counts reuse a handful of tuned configs instead of re-tuning every step.
-    _gemm[grid](x, ops.words, ops.scale, ops.zero, ops.gscale, out, m, n, k, x.stride(0),
-                ops.words.stride(0), ops.scale.stride(0), triton.next_power_of_2(m),
-                SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale,
-                PRECISION=dot_precision(x.dtype))
+    (_gemm_f16 if f16 else _gemm)[grid](
+        x, ops.words, ops.scale, ops.zero, ops.gscale, out, m, n, k, x.stride(0),
+        ops.words.stride(0), ops.scale.stride(0), triton.next_power_of_2(m), xo, inv,
+        SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale,
+        PRECISION=dot_precision(x.dtype), OPERAND=f16, ASM=DECODE_ASM and not INTERPRET)
+
+
+def fp16_operands(x: torch.Tensor, nvfp4: bool, *ks: int) -> bool:
+    """Whether a prompt GEMM of x's rows by nvfp4 weights of K in `ks` runs on fp16 operands
+    (module docstring): half activations, whole K tiles."""
+    return (PROMPT_FP16_OPERANDS and nvfp4 and x.dtype in (torch.float16, torch.bfloat16)
+            and all(k % OPERAND_BLOCK_K == 0 for k in ks))
+
+
+def gemm_operand(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(xo [M, K] fp16, inv [M] fp32) of a [M, K] for the fp16 prompt GEMMs: each row times
+    the power of two m that puts its largest |a| in [2^14, 2^15), rounded once, each K tile
+    of OPERAND_BLOCK_K inputs in code position order (input k0 + 8w + j at k0 + j *
+    OPERAND_BLOCK_K / 8 + w, as `operand_tile` concatenates a weight tile's codes); inv = 1 /
+    m."""
+    m, k = a.shape
+    xo = torch.empty((m, k), dtype=torch.float16, device=a.device)
+    inv = torch.empty(m, dtype=torch.float32, device=a.device)
+    kp = triton.next_power_of_2(k)
+    _gemm_operand_kernel[(m,)](a, a.stride(0), xo, inv, k, BLOCK_K=OPERAND_BLOCK_K, KP=kp,
+                               num_warps=max(1, min(8, kp // 512)))
+    return xo, inv
 
 
 def _graph_bench(kernel_call: Callable[[], object], quantiles: tuple[float, ...]) -> object:
@@ -616,6 +654,7 @@ if triton is not None:
         activation_kernel,
         int_operands,
         nv_operands,
+        operand_scale,
         store_operand_group,
     )
 
@@ -940,12 +979,44 @@ if triton is not None:
                                 tile, M, N, BM, BN, OUT_GROUP, OUT_SUMS)
 
     @triton.jit
+    def operand_tile(w_ptr, s_ptr, rows, row_ok, k0, stride_w, stride_s, BK: tl.constexpr,
+                     ASM: tl.constexpr):
+        """nvfp4 weight rows `rows`, inputs [k0, k0 + BK), as tl.dot's [BN, BK] fp16 operand
+        by code position, `gemm_operand`'s layout (the decode GEMV's e2m1 * s * 2^-14,
+        exact)."""
+        BKW: tl.constexpr = BK // 8
+        kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
+        ks = k0 // 16 + tl.arange(0, BKW // 2)  # a block scale per two words
+        row_off = rows.to(tl.int64)
+        words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :],
+                        mask=row_ok[:, None], other=0).to(tl.uint32, bitcast=True)
+        sbytes = tl.load(s_ptr + row_off[:, None] * stride_s + ks[None, :],
+                         mask=row_ok[:, None], other=0.0).to(tl.uint8, bitcast=True)
+        return _operand_group(nv_operands(words, _per_word(sbytes, 2), ASM), 0, 8)
+
+    @triton.jit
+    def _gemm_operand_kernel(a, stride_a, xo_ptr, inv_ptr, K, BLOCK_K: tl.constexpr,
+                             KP: tl.constexpr):
+        """Row program_id(0) of a [M, K] as `gemm_operand` lays it out."""
+        row = tl.program_id(0).to(tl.int64)
+        k = tl.arange(0, KP)
+        x = tl.load(a + row * stride_a + k, mask=k < K, other=0.0).to(tl.float32)
+        m, r = operand_scale(tl.max(tl.abs(x), axis=0))
+        x = tl.reshape(tl.permute(tl.reshape(x * m, (KP // BLOCK_K, BLOCK_K // 8, 8)),
+                                  (0, 2, 1)), (KP,))
+        tl.store(xo_ptr + row * K + k, x.to(tl.float16), mask=k < K)
+        tl.store(inv_ptr + row, r)
+
+    @triton.jit
     def _gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_x, stride_w,
-                     stride_s, m_bucket, SCHEME: tl.constexpr, WPS: tl.constexpr,
-                     PRECISION: tl.constexpr, EVEN_K: tl.constexpr, BM: tl.constexpr,
+                     stride_s, m_bucket, xo_ptr, inv_ptr, SCHEME: tl.constexpr,
+                     WPS: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
+                     OPERAND: tl.constexpr, ASM: tl.constexpr, BM: tl.constexpr,
                      BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
         """out [BM, BN] tile = x [BM, K] @ dequantize(W [BN, K])^T, grouped tile order so that
-        GROUP_M row tiles share each weight tile while it is in L2."""
+        GROUP_M row tiles share each weight tile while it is in L2. OPERAND (nvfp4, BK =
+        OPERAND_BLOCK_K): x's rows read from its fp16 operand xo_ptr, inv_ptr
+        (`gemm_operand`), the weight tiles decoded into fp16 (`operand_tile`)."""
         pid = tl.program_id(0)
         grid_m = tl.cdiv(M, BM)
         grid_n = tl.cdiv(N, BN)
@@ -958,19 +1029,24 @@ if triton is not None:
         rows = pid_n * BN + tl.arange(0, BN)
         row_ok = rows < N
         m_ok = ms < M
-        dtype = x_ptr.dtype.element_ty
-        x_row = x_ptr + ms.to(tl.int64)[:, None] * stride_x
+        m_off = ms.to(tl.int64)[:, None]
+        x_row = xo_ptr + m_off * K if OPERAND else x_ptr + m_off * stride_x
         acc = tl.zeros((BM, BN), tl.float32)
         for k0 in range(0, K, BK):
             ks = k0 + tl.arange(0, BK)
             x_mask = m_ok[:, None] if EVEN_K else m_ok[:, None] & (ks < K)[None, :]
             x = tl.load(x_row + ks[None, :], mask=x_mask, other=0.0)
-            w = _weight_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w, stride_s,
-                             SCHEME, WPS, BK, EVEN_K, dtype)
+            if OPERAND:
+                w = operand_tile(w_ptr, s_ptr, rows, row_ok, k0, stride_w, stride_s, BK, ASM)
+            else:
+                w = _weight_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w, stride_s,
+                                 SCHEME, WPS, BK, EVEN_K, x_ptr.dtype.element_ty)
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+        if OPERAND:  # the rows' operand scales
+            acc = acc * tl.load(inv_ptr + ms, mask=m_ok, other=0.0)[:, None]
         if SCHEME == _NVFP4:
             g = tl.load(g_ptr + rows, mask=row_ok, other=0.0)
-            acc = acc * (g * _NV_OUT)[None, :]
+            acc = acc * (g * (_NV_F16_OUT if OPERAND else _NV_OUT))[None, :]
         dst = out_ptr + ms.to(tl.int64)[:, None] * N + rows[None, :]
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
@@ -1005,11 +1081,17 @@ if triton is not None:
     # engine's CUDA graphs.
     # prefill: dequantizing costs ~6-8 instructions per weight, shared by BM rows of MMA work,
     # so tall tiles pay it least
-    _gemm = triton.autotune(_configs(
-        [({"BM": bm, "BN": bn, "BK": 128, "GROUP_M": 8}, w, s) for bm, bn, w, s in (
-            (128, 128, 8, 3), (256, 128, 8, 3), (128, 256, 8, 3), (64, 128, 4, 4),
-            (256, 128, 8, 4))],
-        ({"BM": 32, "BN": 32, "BK": 256, "GROUP_M": 2}, 4, 1)),
+    _GEMM_SPACE = [({"BM": bm, "BN": bn, "BK": OPERAND_BLOCK_K, "GROUP_M": 8}, w, s)
+                   for bm, bn, w, s in ((128, 128, 8, 3), (256, 128, 8, 3), (128, 256, 8, 3),
+                                        (64, 128, 4, 4), (256, 128, 8, 4))]
+    _gemm = triton.autotune(
+        _configs(_GEMM_SPACE, ({"BM": 32, "BN": 32, "BK": 256, "GROUP_M": 2}, 4, 1)),
+        key=["m_bucket", "N", "K", "SCHEME"], do_bench=_graph_bench, cache_results=True)(
+        triton.heuristics({"EVEN_K": _even_k})(_gemm_kernel))
+    # the fp16-operand path: its operand is laid out in K tiles of OPERAND_BLOCK_K, so every
+    # config (the interpreter's too) takes that BK
+    _gemm_f16 = triton.autotune(
+        _configs(_GEMM_SPACE, ({"BM": 32, "BN": 32, "BK": OPERAND_BLOCK_K, "GROUP_M": 2}, 4, 1)),
         key=["m_bucket", "N", "K", "SCHEME"], do_bench=_graph_bench, cache_results=True)(
         triton.heuristics({"EVEN_K": _even_k})(_gemm_kernel))
     assert all(c.bk <= _SPLIT_GRANULE and _SPLIT_GRANULE % c.bk == 0
