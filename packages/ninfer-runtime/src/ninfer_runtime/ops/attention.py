@@ -526,24 +526,22 @@ if triton is not None:
         # tile, any windowed tile) with it. The same sums in the same order either way.
         # Prefetching decode tiles keep one loop: carried from one loop into the next, their
         # tiles cost more registers and permutes than the mask saves.
+        ONE_LOOP: tl.constexpr = HAS_WINDOW or PREFETCH
         full_hi = kv_lo
-        if not (HAS_WINDOW or PREFETCH):
+        if not ONE_LOOP:
             seen_by_all = kv_hi
             if CAUSAL:
                 seen_by_all = tl.minimum(kv_hi, context - (seq_end - first) + 1)
             full_hi = kv_lo + tl.maximum(seen_by_all - kv_lo, 0) // BLOCK_N * BLOCK_N
-        for start in range(kv_lo, full_hi, BLOCK_N):
-            m_i, l_i, acc, k_next, ks_next, v_next, vs_next = _attend_tile(
-                start, qt, m_i, l_i, acc, pos, kv_hi, window, page_row, k_cache, v_cache,
-                k_scale, v_scale, kv_head, num_kv_heads, qk_scale, k_next, ks_next, v_next,
-                vs_next, BLOCK_N, HEAD_DIM, GROUP, PAGE_SIZE, QUANT, CAUSAL, HAS_WINDOW, False,
-                DOT_PRECISION, ASM, PREFETCH)
-        for start in range(full_hi, kv_hi, BLOCK_N):
-            m_i, l_i, acc, k_next, ks_next, v_next, vs_next = _attend_tile(
-                start, qt, m_i, l_i, acc, pos, kv_hi, window, page_row, k_cache, v_cache,
-                k_scale, v_scale, kv_head, num_kv_heads, qk_scale, k_next, ks_next, v_next,
-                vs_next, BLOCK_N, HEAD_DIM, GROUP, PAGE_SIZE, QUANT, CAUSAL, HAS_WINDOW, True,
-                DOT_PRECISION, ASM, PREFETCH)
+        for masked in tl.static_range(ONE_LOOP, 2):  # 0: the whole tiles, 1: the rest
+            lo = full_hi if masked else kv_lo
+            hi = kv_hi if masked else full_hi
+            for start in range(lo, hi, BLOCK_N):
+                m_i, l_i, acc, k_next, ks_next, v_next, vs_next = _attend_tile(
+                    start, qt, m_i, l_i, acc, pos, kv_hi, window, page_row, k_cache, v_cache,
+                    k_scale, v_scale, kv_head, num_kv_heads, qk_scale, k_next, ks_next, v_next,
+                    vs_next, BLOCK_N, HEAD_DIM, GROUP, PAGE_SIZE, QUANT, CAUSAL, HAS_WINDOW,
+                    masked == 1, DOT_PRECISION, ASM, PREFETCH)
 
         if NUM_SPLITS == 1:
             o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows may see no key
