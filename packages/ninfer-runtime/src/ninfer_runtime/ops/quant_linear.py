@@ -1086,13 +1086,13 @@ if triton is not None:
                                         (64, 128, 4, 4), (256, 128, 8, 4))]
     _gemm = triton.autotune(
         _configs(_GEMM_SPACE, ({"BM": 32, "BN": 32, "BK": 256, "GROUP_M": 2}, 4, 1)),
-        key=["m_bucket", "N", "K", "SCHEME"], do_bench=_graph_bench, cache_results=True)(
-        triton.heuristics({"EVEN_K": _even_k})(_gemm_kernel))
+        key=["m_bucket", "N", "K", "SCHEME", "OPERAND"], do_bench=_graph_bench,
+        cache_results=True)(triton.heuristics({"EVEN_K": _even_k})(_gemm_kernel))
     # the fp16-operand path: its operand is laid out in K tiles of OPERAND_BLOCK_K, so every
     # config (the interpreter's too) takes that BK
     _gemm_f16 = triton.autotune(
         _configs(_GEMM_SPACE, ({"BM": 32, "BN": 32, "BK": OPERAND_BLOCK_K, "GROUP_M": 2}, 4, 1)),
-        key=["m_bucket", "N", "K", "SCHEME"], do_bench=_graph_bench, cache_results=True)(
-        triton.heuristics({"EVEN_K": _even_k})(_gemm_kernel))
+        key=["m_bucket", "N", "K", "SCHEME", "OPERAND"], do_bench=_graph_bench,
+        cache_results=True)(triton.heuristics({"EVEN_K": _even_k})(_gemm_kernel))
     assert all(c.bk <= _SPLIT_GRANULE and _SPLIT_GRANULE % c.bk == 0
                for cs in DECODE_CONFIGS.values() for c in cs)
