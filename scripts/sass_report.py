@@ -75,20 +75,25 @@ def sass(cubin: bytes, tmp: Path) -> tuple[str, str]:
     return dump, usage.strip().splitlines()[-1]
 
 
-def main_loop(dump: str) -> Loop:
-    """The backward branch with the largest body: the kernel's K loop."""
+def loops(dump: str) -> list[Loop]:
+    """Every backward branch's body (a loop), the largest first."""
     code = [(int(a, 16), t.strip()) for a, t in
             re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", dump)]
     index = {a: i for i, (a, _) in enumerate(code)}
-    best: list[str] = []
+    found = []
     for i, (addr, text) in enumerate(code):
         target = re.search(r"\bBRA (0x[0-9a-f]+)", text)
         if target and int(target.group(1), 16) < addr:
             body = [t for _, t in code[index[int(target.group(1), 16)]:i + 1]]
-            best = max(best, body, key=len)
-    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
-                              for t in best)
-    return Loop(len(best), ops)
+            ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
+                                      for t in body)
+            found.append(Loop(len(body), ops))
+    return sorted(found, key=lambda loop: -loop.instructions)
+
+
+def main_loop(dump: str) -> Loop:
+    """The backward branch with the largest body: the kernel's K loop."""
+    return (loops(dump) or [Loop(0, collections.Counter())])[0]
 
 
 def compile_variant(fn, signature: dict[str, str], constexprs: dict, warps: int, stages: int):
@@ -154,20 +159,27 @@ def decode_variants(asm: bool, tmp: Path) -> None:
             report(label, k, bn * bk // (32 * cfg.warps), tmp)
 
 
+def gemm_kernel(scheme: str, operand: bool, cfg):
+    """The prefill GEMM for sm_90 with config `cfg`: on fp16 operands, or decoding its tiles
+    to bf16."""
+    sid, wps = SCHEME_IDS[scheme]
+    kw = cfg.kwargs
+    sig = dict(zip(ARGS, ("*bf16", "*i32", *PARTS[scheme], "*bf16", "i32", "i32", "i32",
+                          "i32", "i32", "i32"), strict=True))
+    sig.update(m_bucket="i32", xo_ptr="*fp16", inv_ptr="*fp32")
+    cst = {"SCHEME": sid, "WPS": wps, "PRECISION": "tf32", "EVEN_K": True, "OPERAND": operand,
+           "ASM": True, "BM": kw["BM"], "BN": kw["BN"], "BK": kw["BK"],
+           "GROUP_M": kw["GROUP_M"]}
+    return compile_variant(ql._gemm_kernel, sig, cst, cfg.num_warps, cfg.num_stages)
+
+
 def gemm_variants(tmp: Path) -> None:
     """The prefill GEMM's loop per config: nvfp4 on fp16 operands (the GPU's path for half
     activations, "f16"), nvfp4's and groupwise-int's bf16 tile decode."""
     for scheme, operand in (("nvfp4", True), ("nvfp4", False), ("groupwise-int", False)):
-        sid, wps = SCHEME_IDS[scheme]
         for cfg in ql._gemm.configs:
             kw = cfg.kwargs
-            sig = dict(zip(ARGS, ("*bf16", "*i32", *PARTS[scheme], "*bf16", "i32", "i32", "i32",
-                                  "i32", "i32", "i32"), strict=True))
-            sig.update(m_bucket="i32", xo_ptr="*fp16", inv_ptr="*fp32")
-            cst = {"SCHEME": sid, "WPS": wps, "PRECISION": "tf32", "EVEN_K": True,
-                   "OPERAND": operand, "ASM": True, "BM": kw["BM"], "BN": kw["BN"],
-                   "BK": kw["BK"], "GROUP_M": kw["GROUP_M"]}
-            k = compile_variant(ql._gemm_kernel, sig, cst, cfg.num_warps, cfg.num_stages)
+            k = gemm_kernel(scheme, operand, cfg)
             # the dequantize cost per weight is shared by BM rows of MMA work
             label = (f"gemm {scheme}{' f16' if operand else ''} BM={kw['BM']} BN={kw['BN']} "
                      f"BK={kw['BK']} w={cfg.num_warps} s={cfg.num_stages}")
@@ -181,27 +193,31 @@ MOE_ARGS = ("a", "stride_am", "w", "scale", "aux", "stride_we", "stride_wn", "st
 MOE_PARTS = {"nvfp4": ("*i32", "*fp8e4nv", "*fp32"), "groupwise-int": ("*i32", "*bf16", "*u8")}
 
 
+def moe_kernel(scheme: str, operand: bool, swiglu: bool, cfg, block_m: int = 64):
+    """The MoE grouped GEMM for sm_90 (gate|up with swiglu, else down) with config `cfg`."""
+    mid = moe.NVFP4 if scheme == "nvfp4" else moe.INT4
+    layout = ql.LAYOUTS[scheme]
+    kw = cfg.kwargs
+    sig = dict(zip(MOE_ARGS, ("*bf16", "i32", *MOE_PARTS[scheme], *["i32"] * 6, "*bf16", "i32",
+                              "*i64", "*i64", *["i32"] * 4, "*fp16", "*fp32"), strict=True))
+    cst = {"SCHEME": mid, "QSCHEME": layout.scheme, "WPS": layout.words_per_scale,
+           "SWIGLU": swiglu, "BLOCK_M": block_m, "BLOCK_N": kw["BLOCK_N"],
+           "BLOCK_K": kw["BLOCK_K"], "EVEN_K": True, "DOT_PRECISION": "tf32",
+           "OPERAND": operand, "ASM": True}
+    # the JITFunction under the autotuner and the EVEN_K heuristic
+    return compile_variant(moe._grouped_gemm_kernel.fn.fn, sig, cst, cfg.num_warps,
+                           cfg.num_stages)
+
+
 def moe_variants(tmp: Path, block_m: int = 64) -> None:
     """The grouped GEMM's loop per config: nvfp4 on fp16 operands (the GPU's path, "f16"), and
     the bf16 tile decode of nvfp4 (which plain-dtype experts' prompts take) and
     groupwise-int."""
-    kernel = moe._grouped_gemm_kernel.fn.fn  # under the autotuner and the EVEN_K heuristic
-    for scheme, operand, (mid, layout) in (
-            ("nvfp4", True, (moe.NVFP4, ql.LAYOUTS["nvfp4"])),
-            ("nvfp4", False, (moe.NVFP4, ql.LAYOUTS["nvfp4"])),
-            ("groupwise-int", False, (moe.INT4, ql.LAYOUTS["groupwise-int"]))):
-        parts = ("*i32", "*u8", "*fp32") if operand else MOE_PARTS[scheme]
+    for scheme, operand in (("nvfp4", True), ("nvfp4", False), ("groupwise-int", False)):
         for swiglu in (True, False):
             for cfg in moe._gemm_configs():
                 kw = cfg.kwargs
-                sig = dict(zip(MOE_ARGS, ("*bf16", "i32", *parts, *["i32"] * 6, "*bf16", "i32",
-                                          "*i64", "*i64", *["i32"] * 4, "*fp16", "*fp32"),
-                                      strict=True))
-                cst = {"SCHEME": mid, "QSCHEME": layout.scheme, "WPS": layout.words_per_scale,
-                       "SWIGLU": swiglu, "BLOCK_M": block_m, "BLOCK_N": kw["BLOCK_N"],
-                       "BLOCK_K": kw["BLOCK_K"], "EVEN_K": True, "DOT_PRECISION": "tf32",
-                       "OPERAND": operand, "ASM": True}
-                k = compile_variant(kernel, sig, cst, cfg.num_warps, cfg.num_stages)
+                k = moe_kernel(scheme, operand, swiglu, cfg, block_m)
                 label = (f"moe {scheme}{' f16' if operand else ''} "
                          f"{'gate|up' if swiglu else 'down'} BM={block_m} "
                          f"BN={kw['BLOCK_N']} BK={kw['BLOCK_K']} w={cfg.num_warps} "
@@ -217,28 +233,31 @@ ATTENTION_TILES = (("prompt 35B", 128, 8, 1), ("prompt 27B", 128, 6, 1),
                    ("decode 35B", 16, 8, 64), ("decode 27B", 16, 6, 64))
 
 
-def attention_variants(tmp: Path) -> None:
-    """The paged attention kernel's KV loop over INT8 caches (head_dim 256, 64-token pages),
-    per tuner candidate that its pruning keeps for the tile; "per weight" is per K/V element
-    a thread decodes in an iteration, dequantized with the inline PTX as the launcher has
-    them."""
+def attention_kernel(block_m: int, heads: int, splits: int, cfg):
+    """The paged attention kernel for sm_90 over an INT8 cache (head_dim 256, 64-token pages),
+    causal, dequantized with the inline PTX as the launcher has it, with config `cfg`."""
     fn = attention._paged_attention_kernel.fn  # the JITFunction under the autotuner
     pointers = {"q": "*bf16", "k_cache": "*i8", "v_cache": "*i8", "k_scale": "*fp16",
                 "v_scale": "*fp16", "page_tables": "*i64", "cu_seqlens": "*i64",
                 "context_lens": "*i64", "qk_scale": "fp32", "out": "*bf16", "gate": "*bf16",
                 "part_out": "*fp32", "part_lse": "*fp32"}
-    names = fn.arg_names
+    kw = cfg.kwargs
+    sig = {a: pointers.get(a, "i32") for a in fn.arg_names if a.upper() != a}
+    cst = {"GROUP_HEADS": heads, "BLOCK_M": block_m, "BLOCK_N": kw["BLOCK_N"], "HEAD_DIM": 256,
+           "GROUP": 64, "PAGE_SIZE": 64, "NUM_SPLITS": splits, "QUANT": True, "HAS_GATE": True,
+           "CAUSAL": True, "HAS_WINDOW": False, "DOT_PRECISION": "tf32", "ASM": True,
+           "PREFETCH": kw["PREFETCH"], "GDC": True}
+    return compile_variant(fn, sig, cst, cfg.num_warps, cfg.num_stages)
+
+
+def attention_variants(tmp: Path) -> None:
+    """The paged attention kernel's KV loop per tile shape and tuner candidate that its
+    pruning keeps for the tile; "per weight" is per K/V element a thread decodes in an
+    iteration."""
     for label, block_m, heads, splits in ATTENTION_TILES:
-        kept = attention._prune_configs(attention._configs(), {}, BLOCK_M=block_m)
-        for cfg in kept:
+        for cfg in attention._prune_configs(attention._configs(), {}, BLOCK_M=block_m):
             kw = cfg.kwargs
-            sig = {a: pointers.get(a, "i32") for a in names if a.upper() != a}
-            cst = {"GROUP_HEADS": heads, "BLOCK_M": block_m, "BLOCK_N": kw["BLOCK_N"],
-                   "HEAD_DIM": 256, "GROUP": 64, "PAGE_SIZE": 64, "NUM_SPLITS": splits,
-                   "QUANT": True, "HAS_GATE": True, "CAUSAL": True, "HAS_WINDOW": False,
-                   "DOT_PRECISION": "tf32", "ASM": True,
-                   "PREFETCH": kw["PREFETCH"], "GDC": True}
-            k = compile_variant(fn, sig, cst, cfg.num_warps, cfg.num_stages)
+            k = attention_kernel(block_m, heads, splits, cfg)
             prefetch = " prefetch" if kw["PREFETCH"] else ""
             report(f"attention {label} BM={block_m} BN={kw['BLOCK_N']} w={cfg.num_warps} "
                    f"s={cfg.num_stages}{prefetch}", k,
