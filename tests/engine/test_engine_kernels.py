@@ -151,3 +151,38 @@ def test_half_steps_give_the_reference_logits(quantized, monkeypatch: pytest.Mon
         ref = run("ref")
         tol = 4e-2 if dtype == torch.bfloat16 else 1e-2
         torch.testing.assert_close(triton, ref, rtol=0, atol=tol * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_half_prompts_run_the_nvfp4_gemms_on_fp16_operands(quantized,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           kind: str) -> None:
+    """A 24-token prompt in half precision takes the prompt GEMMs (the dense one for every
+    projection, the MoE's grouped one for the experts): on fp16 operands they give the logits
+    of the same GEMMs decoding their nvfp4 tiles to the half type, to half rounding (the same
+    routing upstream of the experts)."""
+    from ninfer_runtime.ops import quant_linear
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16  # interpreter: no bf16 dots
+    monkeypatch.setenv("NINFER_OPS", "triton")
+    made = []
+    operand = quant_linear.gemm_operand
+    monkeypatch.setattr(quant_linear, "gemm_operand",
+                        lambda a: made.append(a.shape) or operand(a))
+    ids = torch.tensor(prompt(24, 5))
+
+    def logits(fp16_operands: bool) -> torch.Tensor:
+        monkeypatch.setattr(quant_linear, "PROMPT_FP16_OPERANDS", fp16_operands)
+        model = load_artifact(quantized(kind, "nvfp4"), device, dtype=dtype).model
+        return model.logits(model.forward(ids, 0, model.new_cache())).float()
+
+    fp16 = logits(True)
+    rows = {shape[0] for shape in made}
+    assert 24 in rows  # every projection's prompt GEMM
+    if kind == "moe":
+        assert len(rows) > 1  # the experts' hidden rows, padded to whole blocks
+    made.clear()
+    tiles = logits(False)
+    assert not made
+    torch.testing.assert_close(fp16, tiles, rtol=0, atol=2e-2 * tiles.abs().max().item())
