@@ -1079,8 +1079,8 @@ if triton is not None:
     # (_launch_decode), which also picks the K split.
     # NOTE: tuning runs on a key's first call; warm every shape up before capturing the
     # engine's CUDA graphs.
-    # prefill: dequantizing costs ~6-8 instructions per weight, shared by BM rows of MMA work,
-    # so tall tiles pay it least
+    # prefill: dequantizing costs ~6-8 instructions per weight (~3.5-4.5 on fp16 operands),
+    # shared by BM rows of MMA work, so tall tiles pay it least
     # every config fits an sm_90 SM's 227 KB of shared memory (BM 256 takes 2 stages: 169 KB;
     # at 3, 242 KB, it failed to launch after its compilation, scripts/sass_report.py --gemm)
     _GEMM_SPACE = [({"BM": bm, "BN": bn, "BK": OPERAND_BLOCK_K, "GROUP_M": 8}, w, s)
