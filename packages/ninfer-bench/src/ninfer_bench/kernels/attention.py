@@ -14,7 +14,7 @@ Pages are handed out shuffled, as a long-running pool would, and the cache holds
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from unittest.mock import patch
 
 import torch
 
@@ -92,21 +92,6 @@ def _decode_row(model: str, batch: int, context: int, int8: bool, device: str) -
             "ceiling": "4.24e12 B/s", "ratio_to_ceiling": moved / (us * 1e-6) / HBM_BYTES_PER_S}
 
 
-@contextmanager
-def _attention_settings(**values: object) -> Iterator[None]:
-    """ops.attention's module settings changed for one measurement, restored after."""
-    from ninfer_runtime.ops import attention
-
-    saved = {name: getattr(attention, name) for name in values}
-    for name, value in values.items():
-        setattr(attention, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(attention, name, value)
-
-
 def _prefill_row(model: str, chunk: int, context: int, int8: bool, device: str,
                  block_m: int | None = None, ptx: bool = True) -> dict:
     """block_m: the prompt tiles' rows instead of ops.attention.PREFILL_BLOCK_M (64: half
@@ -116,8 +101,8 @@ def _prefill_row(model: str, chunk: int, context: int, int8: bool, device: str,
 
     nq, nkv = SHAPES[model]
     moved = _kv_bytes(context, nkv, int8) + 2 * chunk * nq * HEAD_DIM * 2
-    with _attention_settings(PREFILL_BLOCK_M=block_m or attention.PREFILL_BLOCK_M,
-                             KV_DEQUANT_ASM=ptx and attention.KV_DEQUANT_ASM):
+    with patch.multiple(attention, PREFILL_BLOCK_M=block_m or attention.PREFILL_BLOCK_M,
+                        KV_DEQUANT_ASM=ptx and attention.KV_DEQUANT_ASM):
         calls = [_attention_call(model, [chunk], context, int8, device)
                  for _ in range(_copies(moved))]
         us = _time_us(calls)

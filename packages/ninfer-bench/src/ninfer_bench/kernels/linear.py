@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from unittest.mock import patch
 
 import torch
 
@@ -115,17 +115,12 @@ def save_table(lines: list[str], filename: str) -> None:
             f.write("\n".join(lines) + "\n")
 
 
-@contextmanager
-def bf16_tile_decode() -> Iterator[None]:
-    """nvfp4 prompt GEMMs decode their weight tiles to bf16 instead of running on fp16
-    operands (ops.quant_linear.PROMPT_FP16_OPERANDS off), for comparison."""
+def bf16_tile_decode():
+    """A context in which nvfp4 prompt GEMMs decode their weight tiles to bf16 instead of
+    running on fp16 operands (ops.quant_linear.PROMPT_FP16_OPERANDS off), for comparison."""
     from ninfer_runtime.ops import quant_linear
 
-    quant_linear.PROMPT_FP16_OPERANDS = False
-    try:
-        yield
-    finally:
-        quant_linear.PROMPT_FP16_OPERANDS = True
+    return patch.object(quant_linear, "PROMPT_FP16_OPERANDS", False)
 
 
 def _in_register_gemm(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
