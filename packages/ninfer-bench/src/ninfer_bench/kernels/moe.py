@@ -63,12 +63,15 @@ def _bf16_tile_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight
         return _launch_moe_experts(x, gate_up, down, *routing)
 
 
-# the prompt paths themselves, whichever moe_experts would pick (packed experts: all of them;
-# the bf16 tile decode differs from "in registers" for nvfp4 only)
+# the prompt paths themselves, whichever moe_experts would pick
 PROMPT_PATHS = {"in registers": _launch_moe_experts, "dequantized": _launch_moe_dequantized,
                 "dequantized, Triton GEMM": _dequantized_triton,
                 "in registers, bf16 tile decode": _bf16_tile_decode}
-SCHEMES = ("nvfp4", "groupwise-int", "bf16")  # the engine's default format first
+# the paths timed per scheme (the bf16 tile decode differs from "in registers" for nvfp4 only)
+SCHEME_PATHS = {"nvfp4": tuple(PROMPT_PATHS),
+                "groupwise-int": ("in registers", "dequantized", "dequantized, Triton GEMM"),
+                "bf16": ("in registers", "dequantized")}
+SCHEMES = tuple(SCHEME_PATHS)  # the engine's default format first
 ROUTINGS = 16  # routing draws rotated through by consecutive timed calls
 
 
@@ -136,13 +139,11 @@ def _experts_rows(scheme: str, gate_up: torch.Tensor | PackedWeight,
     ref_us = _eager_time_us(lambda: moe_experts_ref(x, gate_up, down, *routings[0]))
     shape = f"35B-A3B {scheme} T={t} H={h} I={inter} E={e} k={k}"
     if t in PREFILL_TOKENS:  # a call runs for milliseconds: eager timing is exact enough
-        names = (list(PROMPT_PATHS)[:3 + (scheme == "nvfp4")]
-                 if isinstance(gate_up, PackedWeight) else ["in registers", "dequantized"])
-        paths = {name: PROMPT_PATHS[name] for name in names}
         return [_row(f"moe_experts prefill, {name}", shape,
-                     _eager_time_us(lambda path=path: path(x, gate_up, down, *next(turn))),
+                     _eager_time_us(lambda path=PROMPT_PATHS[name]:
+                                    path(x, gate_up, down, *next(turn))),
                      ref_us, 2 * t * k * 3 * h * inter, True)
-                for name, path in paths.items()]
+                for name in SCHEME_PATHS[scheme]]
     us = _time_us(lambda: moe_experts(x, gate_up, down, *next(turn)))
     active = sum(ids.unique().numel() for _, ids in routings) / ROUTINGS
     moved = round(active * (_bytes_per_expert(gate_up) + _bytes_per_expert(down))) + 2 * t * h * 2
