@@ -604,7 +604,7 @@ def _launch_gemm(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
 
     # NOTE: the autotune key uses M rounded up to a power of two, so chunked prefill's varying
     # token counts reuse a handful of tuned configs instead of re-tuning every step.
-    (_gemm_f16 if f16 else _gemm)[grid](
+    _gemm[grid](
         x, ops.words, ops.scale, ops.zero, ops.gscale, out, m, n, k, x.stride(0),
         ops.words.stride(0), ops.scale.stride(0), triton.next_power_of_2(m), xo, inv,
         SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale,
@@ -1086,13 +1086,9 @@ if triton is not None:
     _GEMM_SPACE = [({"BM": bm, "BN": bn, "BK": OPERAND_BLOCK_K, "GROUP_M": 8}, w, s)
                    for bm, bn, w, s in ((128, 128, 8, 3), (256, 128, 8, 2), (128, 256, 8, 3),
                                         (64, 128, 4, 4))]
+    # one tuner for both paths: the fp16-operand path's operand is laid out in K tiles of
+    # OPERAND_BLOCK_K, so every config (the interpreter's too) takes that BK
     _gemm = triton.autotune(
-        _configs(_GEMM_SPACE, ({"BM": 32, "BN": 32, "BK": 256, "GROUP_M": 2}, 4, 1)),
-        key=["m_bucket", "N", "K", "SCHEME", "OPERAND"], do_bench=_graph_bench,
-        cache_results=True)(triton.heuristics({"EVEN_K": _even_k})(_gemm_kernel))
-    # the fp16-operand path: its operand is laid out in K tiles of OPERAND_BLOCK_K, so every
-    # config (the interpreter's too) takes that BK
-    _gemm_f16 = triton.autotune(
         _configs(_GEMM_SPACE, ({"BM": 32, "BN": 32, "BK": OPERAND_BLOCK_K, "GROUP_M": 2}, 4, 1)),
         key=["m_bucket", "N", "K", "SCHEME", "OPERAND"], do_bench=_graph_bench,
         cache_results=True)(triton.heuristics({"EVEN_K": _even_k})(_gemm_kernel))
