@@ -14,6 +14,7 @@ from ninfer_runtime.engine.device_setup import warm_up, warm_up_proposer, warmup
 from ninfer_runtime.engine.kv_pool import pages_for
 from ninfer_runtime.engine.warmup import (
     DECODE_WARMUP_CONTEXT,
+    Gpu,
     WarmupStep,
     step_keys,
     warmup_steps,
@@ -22,11 +23,11 @@ from ninfer_runtime.models.cache import GDNSlots
 from ninfer_runtime.models.loading import LoadedModel
 from ninfer_runtime.profiles import PROFILES
 
-H200_SMS = 132
+H200 = Gpu(132, dequantized_experts=True)
 
 
-def met(steps: Sequence[WarmupStep], model: ModelConfig, sms: int) -> set:
-    return {key for s in steps for key in step_keys(s.num_tokens, s.num_seqs, model, sms)}
+def met(steps: Sequence[WarmupStep], model: ModelConfig, gpu: Gpu) -> set:
+    return {key for s in steps for key in step_keys(s.num_tokens, s.num_seqs, model, gpu)}
 
 
 def gemm_buckets(steps: Sequence[WarmupStep]) -> set[int]:
@@ -36,13 +37,14 @@ def gemm_buckets(steps: Sequence[WarmupStep]) -> set[int]:
 
 
 @pytest.mark.parametrize("profile", ["qwen3_6_27b", "qwen3_6_35b_a3b"])
-@pytest.mark.parametrize("sms,engine", [
-    (H200_SMS, {"prefill_chunk": 1024, "max_concurrency": 8}),
-    (H200_SMS, {"prefill_chunk": 256, "max_concurrency": 16, "spec": "mtp"}),
-    (H200_SMS, {"prefill_chunk": 8192, "max_concurrency": 8, "max_batched_tokens": 8192}),
-    (78, {"prefill_chunk": 16, "max_concurrency": 8}),
+@pytest.mark.parametrize("gpu,engine", [
+    (H200, {"prefill_chunk": 1024, "max_concurrency": 8}),
+    (H200, {"prefill_chunk": 256, "max_concurrency": 16, "spec": "mtp"}),
+    (H200, {"prefill_chunk": 8192, "max_concurrency": 8, "max_batched_tokens": 8192}),
+    (Gpu(78, dequantized_experts=False), {"prefill_chunk": 16, "max_concurrency": 8}),
+    (Gpu(108, dequantized_experts=False), {"prefill_chunk": 8192, "max_batched_tokens": 8192}),
 ])
-def test_warm_up_meets_every_key_a_step_can_have(profile: str, sms: int, engine: dict) -> None:
+def test_warm_up_meets_every_key_a_step_can_have(profile: str, gpu: Gpu, engine: dict) -> None:
     """Brute force: B segments of 1..chunk tokens each, every N they can sum to within the
     step's budget."""
     config = EngineConfig(max_context=70_000, **engine)
@@ -50,24 +52,28 @@ def test_warm_up_meets_every_key_a_step_can_have(profile: str, sms: int, engine:
     chunk, c = config.prefill_chunk, config.max_concurrency
     every = {key for b in range(1, c + 1)
              for n in range(b, min(b * chunk, config.step_tokens) + 1)
-             for key in step_keys(n, b, model, sms)}
-    assert met(warmup_steps(config, model, sms), model, sms) == every
+             for key in step_keys(n, b, model, gpu)}
+    assert met(warmup_steps(config, model, gpu), model, gpu) == every
 
 
-@pytest.mark.parametrize("chunk,dequantized", [(8192, True), (1024, False)])
-def test_long_35b_prompt_steps_warm_the_dequantized_experts(chunk: int,
+@pytest.mark.parametrize("chunk,gpu,dequantized", [
+    (8192, H200, True), (1024, H200, False), (8192, Gpu(108, dequantized_experts=False), False)])
+def test_long_35b_prompt_steps_warm_the_dequantized_experts(chunk: int, gpu: Gpu,
                                                            dequantized: bool) -> None:
     """An 8K prompt step has ~287 pairs per stacked expert: the dequantized MoE path (whose
-    kernels then compile in the warm-up); 1,024-token chunks stay in registers."""
+    kernels then compile in the warm-up) where it runs; 1,024-token chunks, and every prompt on
+    a GPU without it, warm the grouped GEMM's block rows."""
     config = EngineConfig(prefill_chunk=chunk, max_batched_tokens=chunk, max_context=70_000)
     model = PROFILES["qwen3_6_35b_a3b"].config
-    assert (("moe", "dequantized") in met(warmup_steps(config, model, H200_SMS), model,
-                                           H200_SMS)) == dequantized
+    moe = {key for kernel, key in met(warmup_steps(config, model, gpu), model, gpu)
+           if kernel == "moe" and not isinstance(key, tuple)}
+    assert ("dequantized" in moe) == dequantized
+    assert 64 in moe  # the grouped GEMM's tallest blocks, of the longest prompt steps it runs
 
 
 def test_the_27b_warm_up_at_chunk_1024_and_8_requests() -> None:
     config = EngineConfig(prefill_chunk=1024, max_concurrency=8, max_context=70_000)
-    steps = warmup_steps(config, PROFILES["qwen3_6_27b"].config, H200_SMS)
+    steps = warmup_steps(config, PROFILES["qwen3_6_27b"].config, H200)
     prompt = [s for s in steps if not s.decode]
     # a long prompt's first chunk, then its second after the first is cached
     assert steps[:2] == [WarmupStep(1024, 1), WarmupStep(1024, 1, context=1024)]
@@ -89,7 +95,7 @@ def test_short_chunks_reach_the_buckets_their_sum_can() -> None:
     """Chunks of 16 tokens (the decode GEMV's rows) reach the GEMM only as several requests'
     chunks in one step: up to 8 x 16 rows. A prompt never exceeds one chunk here."""
     config = EngineConfig(prefill_chunk=16, max_concurrency=8, max_context=17)
-    steps = warmup_steps(config, PROFILES["qwen3_6_27b"].config, H200_SMS)
+    steps = warmup_steps(config, PROFILES["qwen3_6_27b"].config, H200)
     assert gemm_buckets(steps) == {32, 64, 128}
     assert all(s.context == 0 for s in steps if not s.decode)
     # the decode steps' context is capped by the requests' (a token is left to decode)
@@ -99,7 +105,7 @@ def test_short_chunks_reach_the_buckets_their_sum_can() -> None:
 def test_verify_steps_with_spec() -> None:
     config = EngineConfig(prefill_chunk=512, max_concurrency=4, max_context=4096, spec="mtp",
                           draft_tokens=3)
-    steps = warmup_steps(config, PROFILES["qwen3_6_35b_a3b"].config, H200_SMS)
+    steps = warmup_steps(config, PROFILES["qwen3_6_35b_a3b"].config, H200)
     assert [s for s in steps if s.decode] == [WarmupStep(4 * b, b, 4096 - 4, decode=True)
                                               for b in range(1, 5)]
     assert steps[1] == WarmupStep(512, 1, context=512)
@@ -111,7 +117,7 @@ def test_every_warm_up_step_runs(tiny_model: Callable[[str], LoadedModel], kind:
     model, on a cache as small as the measurement's scratch."""
     model = tiny_model(kind).model
     config = EngineConfig(prefill_chunk=16, max_context=40, max_concurrency=3)
-    steps = warmup_steps(config, model.config, H200_SMS)
+    steps = warmup_steps(config, model.config, H200)
     assert any(s.context for s in steps) and any(s.decode for s in steps)
     for step in steps:
         batch = warmup_batch(step, config, model.device)
@@ -154,7 +160,7 @@ def test_the_proposer_warm_up_runs_decode_steps_whose_context_does_not_fit(
     model = tiny_model("dense").model
     config = EngineConfig(prefill_chunk=16, max_context=400, max_concurrency=2, spec="mtp",
                           draft_tokens=2)
-    steps = warmup_steps(config, model.config, H200_SMS)
+    steps = warmup_steps(config, model.config, H200)
     assert {s.context for s in steps if s.decode} == {397}
     starts: list[list[int]] = []
 

@@ -26,7 +26,7 @@ from ninfer_runtime.engine.batch import Segment, StepBatch
 from ninfer_runtime.engine.device_setup import warm_up_proposer
 from ninfer_runtime.engine.request import RequestOutput, SamplingParams
 from ninfer_runtime.engine.spec import Committed, MTPProposer, make_proposer
-from ninfer_runtime.engine.warmup import warmup_steps
+from ninfer_runtime.engine.warmup import Gpu, warmup_steps
 from ninfer_runtime.models.cache import GDNSlots
 from ninfer_runtime.models.layers import decoder_layer
 from ninfer_runtime.models.loading import DraftModels, LoadedModel, load_artifact
@@ -102,7 +102,7 @@ def warmed_up(eng: Engine) -> Engine:
     """The engine after its proposer's start-up warm-up (which a GPU start runs on the
     proposer's real caches, before any request)."""
     assert eng.proposer is not None
-    steps = warmup_steps(eng.config, eng.model_config, 132)
+    steps = warmup_steps(eng.config, eng.model_config, Gpu(132, dequantized_experts=True))
     warm_up_proposer(eng.proposer, eng.model, eng.config, steps, eng.kv_pool.num_pages)
     return eng
 

@@ -27,9 +27,10 @@ from ninfer_runtime.engine.memory_plan import MemoryPlan, peak_bytes, plan_memor
 from ninfer_runtime.engine.request import SamplingParams
 from ninfer_runtime.engine.sampler import SamplerState, sample
 from ninfer_runtime.engine.spec import Committed, Proposer
-from ninfer_runtime.engine.warmup import WarmupStep, warmup_steps
+from ninfer_runtime.engine.warmup import Gpu, WarmupStep, warmup_steps
 from ninfer_runtime.models.cache import GDNSlots, LayerCache, allocate_layer_caches
 from ninfer_runtime.models.qwen3_5 import Qwen3_5Model
+from ninfer_runtime.ops.moe import dequantized_path_runs
 
 log = logging.getLogger("ninfer.engine")
 
@@ -68,7 +69,8 @@ def decode_batch(num_seqs: int, config: EngineConfig, page: int, device: torch.d
 def device_warmup_steps(model: Qwen3_5Model, config: EngineConfig) -> list[WarmupStep]:
     """`warmup_steps` for the model's GPU."""
     sms = torch.cuda.get_device_properties(model.device).multi_processor_count
-    return warmup_steps(config, model.config, sms)
+    gpu = Gpu(sms, dequantized_path_runs(model.dtype, model.device))
+    return warmup_steps(config, model.config, gpu)
 
 
 def warmup_batch(step: WarmupStep, config: EngineConfig, device: torch.device) -> StepBatch:

@@ -41,6 +41,15 @@ from ninfer_runtime.ops.quant_linear import DEQUANT_MIN_M, SKINNY_MAX_M, decode_
 
 Keys = frozenset[tuple[str, object]]  # (kernel, the shape-dependent part of its key)
 
+
+@dataclass(frozen=True)
+class Gpu:
+    """What of the GPU the keys depend on: its SM count (the attention plan) and whether the
+    model's long MoE prompts can take the dequantized path there (`moe.dequantized_path_runs`:
+    bf16 on sm_90/sm_100), else they stay on the grouped GEMM's block-row keys."""
+    num_sms: int
+    dequantized_experts: bool
+
 # Cached tokens before each request of a decode (verify) warm-up step. The attention kernel's
 # key does not hold the context, so the config its first launch times serves every context:
 # timed over none, the INT8 KV decode's configs ran about equally and the pick was noise (the
@@ -67,35 +76,35 @@ class WarmupStep:
         return [q + 1] * r + [q] * (self.num_seqs - r)
 
 
-def step_keys(num_tokens: int, num_seqs: int, model: ModelConfig, num_sms: int) -> Keys:
-    """The keys of a step of this shape that vary with it, on a GPU of `num_sms` SMs."""
+def step_keys(num_tokens: int, num_seqs: int, model: ModelConfig, gpu: Gpu) -> Keys:
+    """The keys of a step of this shape that vary with it, on `gpu`."""
     n = num_tokens
     gemm = ("gemv", decode_rows(n)) if n <= SKINNY_MAX_M else "cublas" if n >= DEQUANT_MIN_M \
         else 1 << (n - 1).bit_length()
     nkv = model.num_key_value_heads
-    plan = launch_plan(n, num_seqs, model.num_attention_heads // nkv, nkv, num_sms)
+    plan = launch_plan(n, num_seqs, model.num_attention_heads // nkv, nkv, gpu.num_sms)
     keys = {("linear", gemm), ("attention", (plan.block_m, plan.num_splits))}
     if model.is_moe:
         # the shared expert: one more slot per token, one more stacked expert
         pairs, experts = n * (model.num_experts_per_tok + 1), model.num_experts + 1
+        dequantized = gpu.dequantized_experts and dequantizes_experts(pairs, experts)
         keys.add(("moe", ("gemv", 1 << (n - 1).bit_length()) if n <= DECODE_MAX_TOKENS else
-                  "dequantized" if dequantizes_experts(pairs, experts) else
-                  grouped_block_m(pairs, experts)))
+                  "dequantized" if dequantized else grouped_block_m(pairs, experts)))
     return frozenset(keys)
 
 
-def _runs(num_seqs: int, chunk: int, budget: int, model: ModelConfig, num_sms: int
+def _runs(num_seqs: int, chunk: int, budget: int, model: ModelConfig, gpu: Gpu
           ) -> Iterator[tuple[int, int, Keys]]:
     """(first N, last N, keys) of each run of N in [B, min(B * chunk, budget)] with equal
     keys, for B = num_seqs. Each key is monotone in N (NUM_SPLITS within one BLOCK_M), so
     equal keys form a single run: bisect for its end."""
     lo, hi = num_seqs, min(num_seqs * chunk, budget)
     while lo <= hi:
-        first = step_keys(lo, num_seqs, model, num_sms)
+        first = step_keys(lo, num_seqs, model, gpu)
         a, z = lo, hi
         while a < z:
             mid = (a + z + 1) // 2
-            a, z = (mid, z) if step_keys(mid, num_seqs, model, num_sms) == first \
+            a, z = (mid, z) if step_keys(mid, num_seqs, model, gpu) == first \
                 else (a, mid - 1)
         yield lo, a, first
         lo = a + 1
@@ -108,7 +117,7 @@ def _largest(lo: int, hi: int) -> set[int]:
     return {hi, other} if other >= lo else {hi}
 
 
-def warmup_steps(config: EngineConfig, model: ModelConfig, num_sms: int) -> list[WarmupStep]:
+def warmup_steps(config: EngineConfig, model: ModelConfig, gpu: Gpu) -> list[WarmupStep]:
     """The start-up warm-up, in order: a long prompt's first chunk and the next one after it
     (cached context), steps that meet every other key value (the largest N of each kept run,
     with N divisible by 16 and not), and a decode (verify) step at every batch size, each
@@ -121,9 +130,9 @@ def warmup_steps(config: EngineConfig, model: ModelConfig, num_sms: int) -> list
         steps.append(WarmupStep(second, 1, context=chunk))
     context = max(0, min(DECODE_WARMUP_CONTEXT, config.max_context - (k + 1)))
     decode = [WarmupStep(b * (k + 1), b, context, decode=True) for b in range(1, c + 1)]
-    met = set().union(*(step_keys(s.num_tokens, s.num_seqs, model, num_sms) for s in decode))
+    met = set().union(*(step_keys(s.num_tokens, s.num_seqs, model, gpu) for s in decode))
     runs = [(b, lo, hi, keys) for b in range(1, c + 1)
-            for lo, hi, keys in _runs(b, chunk, budget, model, num_sms)]
+            for lo, hi, keys in _runs(b, chunk, budget, model, gpu)]
     every = set().union(*(keys for *_, keys in runs))
     kept: set[WarmupStep] = set()
     while missing := every - met:

@@ -269,9 +269,15 @@ def _kernels(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
 def _dequantizes(x: torch.Tensor, gate_up: ExpertWeight, ids: torch.Tensor) -> bool:
     """Whether the prompt of x takes the dequantized path (module docstring)."""
     plain_bf16 = not isinstance(gate_up, PackedWeight) and gate_up.dtype == torch.bfloat16
-    return (x.dtype == torch.bfloat16 and _grouped_mm_runs(x.device)
+    return (dequantized_path_runs(x.dtype, x.device)
             and (isinstance(gate_up, PackedWeight) or plain_bf16)
             and dequantizes_experts(ids.numel(), gate_up.shape[0]))
+
+
+def dequantized_path_runs(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether prompts of `dtype` activations on `device` can take the dequantized path: bf16
+    where torch._grouped_mm runs (a fact engine.warmup's keys need)."""
+    return dtype == torch.bfloat16 and _grouped_mm_runs(device)
 
 
 @cache
