@@ -137,7 +137,10 @@ def _rotating(ws: list[Weight], x: torch.Tensor,
               fn: Callable[[torch.Tensor, Weight], torch.Tensor] = linear
               ) -> Callable[[], torch.Tensor]:
     """A call of fn(x, w) on the next weight copy each time (defeats L2 for small
-    matrices)."""
+    matrices). Each copy is called once first, outside any capture, as the engine's warm-up
+    does: a weight's first call may tune, compile or read its global scales to the host."""
+    for w in ws:
+        fn(x, w)
     cycle = itertools.cycle(ws)
     return lambda: fn(x, next(cycle))
 
