@@ -15,15 +15,19 @@ Weights are random bytes in the stored layouts; routing is random (uniform) and 
 call to call (a rotation of ROUTINGS draws), so consecutive calls read different experts, as
 consecutive layers do.
 
-Decode and route times are per call from CUDA-graph replays of many calls (as the engine
-replays its decode step): a decode call is shorter than its Python launch overhead, which plain
-event timing would measure instead (prefill is timed eagerly). Each row also times the torch
-reference (one dequantized matmul per used expert; it syncs with the host: timed eagerly).
+Every time is per call from CUDA-graph replays of many calls (as the engine replays its decode
+step): a decode call is shorter than its Python launch overhead, which plain event timing would
+measure instead, and so is a 1,024-token prompt's on a slow host (the H200 of 2026-12-05's
+fifteenth run took ~145 us a launch: eager timing put the path with two launches more 13%
+behind). Each row also times the torch reference (one dequantized matmul per used expert; it
+syncs with the host: timed eagerly). NINFER_BENCH_SCHEMES=nvfp4 narrows a run to those
+schemes.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator
 
 import torch
@@ -138,10 +142,9 @@ def _experts_rows(scheme: str, gate_up: torch.Tensor | PackedWeight,
     turn = itertools.cycle(routings)
     ref_us = _eager_time_us(lambda: moe_experts_ref(x, gate_up, down, *routings[0]))
     shape = f"35B-A3B {scheme} T={t} H={h} I={inter} E={e} k={k}"
-    if t in PREFILL_TOKENS:  # a call runs for milliseconds: eager timing is exact enough
+    if t in PREFILL_TOKENS:
         return [_row(f"moe_experts prefill, {name}", shape,
-                     _eager_time_us(lambda path=PROMPT_PATHS[name]:
-                                    path(x, gate_up, down, *next(turn))),
+                     _time_us(lambda path=PROMPT_PATHS[name]: path(x, gate_up, down, *next(turn))),
                      ref_us, 2 * t * k * 3 * h * inter, True)
                 for name in SCHEME_PATHS[scheme]]
     us = _time_us(lambda: moe_experts(x, gate_up, down, *next(turn)))
@@ -160,7 +163,8 @@ def bench(device: str = "cuda") -> Iterator[dict]:
     h, e, k, inter = (cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok,
                       cfg.moe_intermediate_size)
     torch.manual_seed(0)
-    for scheme in SCHEMES:
+    narrowed = [s for s in os.environ.get("NINFER_BENCH_SCHEMES", "").split(",") if s]
+    for scheme in narrowed or SCHEMES:
         gate_up = _experts(scheme, e, 2 * inter, h, device)
         down = _experts(scheme, e, h, inter, device)
         for t in PREFILL_TOKENS[::-1] + DECODE_TOKENS:
