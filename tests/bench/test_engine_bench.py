@@ -85,7 +85,7 @@ def test_decode_counts_the_steps_that_replay_graphs(artifact: Path, spec: str) -
     uncaptured static buffers, as on a GPU) and how often the proposer's ran."""
     from ninfer_bench.engine_bench import graph_replay_ms, measure_decode
     from ninfer_runtime.engine import Engine, EngineConfig
-    from ninfer_runtime.engine.device_setup import decode_graphs, request_pages
+    from ninfer_runtime.engine.device_setup import request_pages, step_graphs
 
     k = 2 if spec == "mtp" else 0
     config = EngineConfig(max_context=64, max_concurrency=2, device="cpu", spec=spec,
@@ -93,7 +93,7 @@ def test_decode_counts_the_steps_that_replay_graphs(artifact: Path, spec: str) -
     eng = Engine.from_artifact(artifact, config)
     plain = measure_decode(eng, 8, 2, 4)
     assert plain.graph_steps == 0  # no graphs on the CPU
-    eng.graphs = decode_graphs(eng.model, eng.caches, eng.config, capture=False)
+    eng.graphs = step_graphs(eng.model, eng.caches, eng.config, capture=False)
     if eng.proposer is not None:
         eng.proposer.capture_graphs(2, request_pages(eng.config), capture=False)
     run = measure_decode(eng, 8, 2, 4)

@@ -9,16 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_helpers import prompt
+from engine_helpers import alone, count_replays, drain, engine, greedy, prompt, request
 
 from ninfer_runtime.engine.batch import Segment, StepBatch
+from ninfer_runtime.engine.config import EngineConfig
 from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs, shape_of
+from ninfer_runtime.engine.device_setup import graph_example, graph_shapes, step_graphs
 from ninfer_runtime.engine.memory_plan import GiB, MemoryPlanError, plan_memory
 from ninfer_runtime.models.loading import load_artifact
 
 PLAN = dict(device="cuda:0", total=140 * GiB, other=1 * GiB, weights=18 * GiB,
             state_slots=2 * GiB, prefill_workspace=3 * GiB, step_tokens=8192,
-            decode_workspace=GiB // 4,
+            graph_workspace=GiB // 4,
             kv_bytes_per_token=34_816, page_size=64, max_context=262_144, max_concurrency=8,
             use_cuda_graphs=True)
 
@@ -100,15 +102,15 @@ def test_decode_steps_through_static_buffers_equal_plain_steps(model) -> None:
             return hidden, model.logits(hidden[batch.logits_rows])
         return run
 
-    def example(num_seqs: int, tokens: int) -> StepBatch:
-        return StepBatch.build([Segment([0] * tokens, 0, [31], 3, "last")] * num_seqs, PAGE,
-                               model.device)
+    def example(shape: GraphShape) -> StepBatch:
+        return StepBatch.build([Segment([0] * shape.tokens_per_seq, 0, [31], 3, "last")]
+                               * shape.num_seqs, PAGE, model.device)
 
     graphs = StepGraphs(forward(twin), example, max_pages=8, capture=DEVICE == "cuda")
-    graphs.capture_all([GraphShape(b, 1) for b in (1, 2, 3)])
+    graphs.capture_all([GraphShape.of(b, 1, "last") for b in (1, 2, 3)])
     for _ in range(3):  # three decode steps: the graph is replayed with fresh inputs
         batch = StepBatch.build(decode, PAGE, model.device)
-        assert graphs.can_run(batch) and shape_of(batch) == GraphShape(3, 1)
+        assert graphs.can_run(batch) and shape_of(batch) == GraphShape(3, 1, 3)
         hidden, logits = forward(caches)(batch)
         g_hidden, g_logits = graphs.run(batch)
         torch.testing.assert_close(g_hidden, hidden, atol=1e-4, rtol=1e-4)
@@ -125,14 +127,64 @@ def test_decode_steps_through_static_buffers_equal_plain_steps(model) -> None:
 
 
 def test_steps_without_a_graph_are_refused(model) -> None:
-    graphs = StepGraphs(lambda b: (b.token_ids, b.token_ids), lambda b, t: StepBatch.build(
-        [Segment([0] * t, 0, [0], 0)] * b, PAGE, model.device), max_pages=2, capture=False)
-    graphs.capture_all([GraphShape(2, 1)])
+    graphs = StepGraphs(lambda b: (b.token_ids, b.token_ids), lambda shape: StepBatch.build(
+        [Segment([0] * shape.tokens_per_seq, 0, [0], 0)] * shape.num_seqs, PAGE,
+        model.device), max_pages=2, capture=False)
+    graphs.capture_all([GraphShape.of(2, 1, "last")])
     one = Segment([1], 0, [0], 0)
     assert not graphs.can_run(StepBatch.build([one], PAGE, model.device))  # no such shape
     assert not graphs.can_run(StepBatch.build([one, one, one], PAGE, model.device))
     wide = Segment([1], 40, [0, 1, 2], 0)  # page table wider than max_pages
     assert not graphs.can_run(StepBatch.build([wide, one], PAGE, model.device))
     prompt_step = StepBatch.build([Segment([1, 2], 0, [0], 0)], PAGE, model.device)
-    assert shape_of(prompt_step) == GraphShape(1, 2) and not graphs.can_run(prompt_step)
+    assert shape_of(prompt_step) == GraphShape(1, 2, 1) and not graphs.can_run(prompt_step)
+    silent = Segment([1], 0, [0], 0, "none")  # the shape's segments, but no logits rows
+    assert not graphs.can_run(StepBatch.build([silent, silent], PAGE, model.device))
     assert graphs.can_run(StepBatch.build([one, one], PAGE, model.device))
+
+
+# ---- the engine's graphed shapes ----
+
+
+@pytest.mark.parametrize("engine_config,prompt_shapes", [
+    ({"prefill_chunk": 1024, "max_context": 70_000}, [(1, 1024, 0), (1, 1024, 1)]),
+    ({"prefill_chunk": 1024, "max_context": 70_000, "spec": "mtp"},
+     [(1, 1024, 0), (1, 1024, 1)]),
+    ({"prefill_chunk": 2048, "max_context": 70_000}, [(1, 2048, 0), (1, 2048, 1)]),
+    ({"prefill_chunk": 8192, "max_context": 70_000}, []),  # outruns the host by itself
+    ({"prefill_chunk": 1024, "max_context": 300}, [(1, 299, 0), (1, 299, 1)]),
+])
+def test_lone_short_prompt_chunks_get_graphs_beside_decode(engine_config: dict,
+                                                            prompt_shapes: list) -> None:
+    config = EngineConfig(max_concurrency=4, **engine_config)
+    k = config.spec_tokens
+    decode = [(b, k + 1, b * (k + 1)) for b in range(1, 5)]
+    shapes = [(s.num_seqs, s.tokens_per_seq, s.logits_rows) for s in graph_shapes(config)]
+    assert shapes == decode + prompt_shapes
+    for shape in graph_shapes(config):  # each example step has its shape
+        assert shape_of(graph_example(shape, config, torch.device("cpu"))) == shape
+
+
+def test_a_lone_long_prompt_replays_its_chunk_graphs(tiny_artifact: Callable[[str], Path]
+                                                     ) -> None:
+    """A prompt prefilling alone in chunks of 16 runs its whole chunks through the step graphs
+    (captured on a GPU, their static buffers on the CPU), the last one, which samples, through
+    the graph with logits, and its partial last chunk eagerly; tokens as without graphs."""
+    loaded = load_artifact(tiny_artifact("moe"), DEVICE)
+    reqs = [request("long", prompt(48, 1), greedy(4)), request("ragged", prompt(37, 2),
+                                                                greedy(4))]
+    config = dict(prefill_chunk=16, max_context=128, kv_dtype="bf16", max_concurrency=1)
+    plain = alone(loaded, reqs, cuda_graphs=False, **config)
+    eng = engine(loaded, **config)  # on a GPU it captures its graphs
+    if eng.graphs is None:
+        eng.graphs = step_graphs(loaded.model, eng.caches, eng.config, capture=False)
+    assert {(1, 16, 0), (1, 16, 1)} <= {(s.num_seqs, s.tokens_per_seq, s.logits_rows)
+                                        for s in eng.graphs.shapes}
+    replays = count_replays(step=eng.graphs)
+    tokens = {}
+    for req in reqs:
+        tokens.update(drain(eng, [req]).tokens)
+    assert tokens == plain
+    # 48 = 3 chunks (the last with logits), 37 = 2 chunks + 5 eagerly; 4 + 4 decode steps
+    # minus the two first tokens, sampled by the prompts' last steps
+    assert replays == {("step", 16): 5, ("step", 1): 6}

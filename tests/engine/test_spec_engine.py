@@ -583,12 +583,12 @@ def test_mtp_draft_steps_through_graph_buffers(spec_model: Callable) -> None:
 def test_verify_steps_run_through_the_target_graph_buffers(spec_model: Callable) -> None:
     """Every round of requests that all decode is a verify step of K+1 tokens per request that
     the target's decode graphs (uncaptured on the CPU) cover, at each batch size."""
-    from ninfer_runtime.engine.device_setup import decode_graphs
+    from ninfer_runtime.engine.device_setup import step_graphs
 
     loaded = spec_model("dense")
     k, reqs = 3, mixed(4, max_tokens=6)
     eng = make_engine(loaded, kv_dtype="bf16", spec="mtp", draft_tokens=k)
-    eng.graphs = decode_graphs(loaded.model, eng.caches, eng.config, capture=False)
+    eng.graphs = step_graphs(loaded.model, eng.caches, eng.config, capture=False)
     assert eng.config.max_concurrency == 4
     replays = count_replays(verify=eng.graphs)
     run = drain(eng, reqs)

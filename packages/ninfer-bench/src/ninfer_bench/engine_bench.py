@@ -298,7 +298,7 @@ def graph_replay_ms(engine: Engine, concurrency: int, times: int = 50) -> float 
     """Milliseconds per back-to-back replay of the plain decode graph of `concurrency` rows
     (None without captured graphs): a step's GPU time, so that ms/step minus this is what the
     host adds to a step (scheduling, sampling, reading the tokens, the outputs)."""
-    graphs, shape = engine.graphs, GraphShape(concurrency, 1)
+    graphs, shape = engine.graphs, GraphShape.of(concurrency, 1, "all")
     if graphs is None or not graphs.capture or shape not in graphs.shapes:
         return None
     graphs.replay(shape)

@@ -99,7 +99,8 @@ def _default_device() -> str:
               help=f"Model id in the API. Default: the artifact's file stem, or "
               f"{DEFAULT_MODEL_NAME!r}.")
 @click.option("--no-cuda-graph", "no_cuda_graph", is_flag=True,
-              help="Launch decode steps kernel by kernel instead of replaying CUDA graphs.")
+              help="Launch decode steps and short prompt chunks kernel by kernel instead of "
+                   "replaying CUDA graphs.")
 @click.option("--no-overlap-decode", "no_overlap_decode", is_flag=True,
               help="Read each decode step's tokens before launching the next (by default the "
               "next step is launched first, so the GPU does not wait for the host).")

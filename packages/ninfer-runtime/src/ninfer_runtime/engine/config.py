@@ -28,7 +28,8 @@ class EngineConfig:
     max_queue: int = 256  # waiting requests beyond which new ones are refused (HTTP 429)
     device: str = "cpu"
     page_size: int = 64  # tokens per KV page
-    cuda_graphs: bool = True  # replay decode steps as CUDA graphs (GPU only)
+    # replay decode steps and lone short prompt chunks as CUDA graphs (GPU only)
+    cuda_graphs: bool = True
     # launch a plain decode step before the previous one's tokens are read (engine.Engine.step)
     overlap_decode: bool = True
     spec: SpecMethod = "none"  # speculative decoding: the proposer of draft tokens

@@ -1,12 +1,15 @@
-"""CUDA graphs of the decode forward: one graph per batch shape, replayed instead of launched.
+"""CUDA graphs of the forward: one graph per step shape, replayed instead of launched.
 
 A decode step of a 27B model is several hundred small kernels; launched one by one from Python
-their launch time exceeds their run time. Each graph records the whole forward (and lm_head)
-for one step shape: B sequences of T tokens each (T = 1 for plain decode, K + 1 for a
-speculative verify). Replaying it needs the step's inputs at the addresses the graph recorded,
-so every captured shape owns a static StepBatch whose tensors the real step is copied into
-(page tables padded to the longest a request can have), and returns static outputs that are
-only valid until the next replay.
+their launch time exceeds their run time, and so can a 1,024-token prompt chunk's on the 35B
+MoE (a slow host took ~100 ms of Python a chunk against 42 ms of kernels, docs/perf.md,
+fifteenth run). Each graph records the whole forward (and lm_head) for one step shape: B
+sequences of T tokens each (T = 1 for plain decode, K + 1 for a speculative verify, a prompt
+chunk's length for a lone prompt chunk) and the number of rows whose logits it returns.
+Replaying it needs the step's inputs at the addresses the graph recorded, so every captured
+shape owns a static StepBatch whose tensors the real step is copied into (page tables padded
+to the longest a request can have), and returns static outputs that are only valid until the
+next replay.
 
 The same static-buffer path runs without capture (`capture=False`, and always on the CPU), so
 the copying and padding are tested on machines without a GPU.
@@ -27,16 +30,37 @@ from ninfer_runtime.engine.batch import LogitsRows, Segment, StepBatch
 
 # (step, *inputs) -> outputs, e.g. hidden, logits[, taps]
 Forward = Callable[..., tuple[torch.Tensor, ...]]
-ExampleBatch = Callable[[int, int], StepBatch]  # (num_seqs, tokens_per_seq) -> a valid step
-# (num_seqs, tokens_per_seq) -> example tensors the forward takes beside the step (a draft
-# model's previous hidden state)
-ExampleInputs = Callable[[int, int], tuple[torch.Tensor, ...]]
 
 
 @dataclass(frozen=True, slots=True)
 class GraphShape:
+    """B segments of T tokens each, `logits_rows` of whose rows the step returns logits for
+    (0, B for each segment's last row, or B * T)."""
+
     num_seqs: int
     tokens_per_seq: int
+    logits_rows: int
+
+    @classmethod
+    def of(cls, num_seqs: int, tokens_per_seq: int, logits: LogitsRows) -> GraphShape:
+        rows = {"none": 0, "last": num_seqs, "all": num_seqs * tokens_per_seq}[logits]
+        return cls(num_seqs, tokens_per_seq, rows)
+
+    @property
+    def logits(self) -> LogitsRows:
+        """Which rows of each segment: "all" wins where T = 1 (the same rows as "last")."""
+        if self.logits_rows == 0:
+            return "none"
+        return "all" if self.logits_rows == self.num_seqs * self.tokens_per_seq else "last"
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_seqs * self.tokens_per_seq
+
+
+ExampleBatch = Callable[[GraphShape], StepBatch]  # a valid step of the shape
+# example tensors the forward takes beside the step (a draft model's previous hidden state)
+ExampleInputs = Callable[[GraphShape], tuple[torch.Tensor, ...]]
 
 
 def shape_of(batch: StepBatch) -> GraphShape | None:
@@ -44,15 +68,14 @@ def shape_of(batch: StepBatch) -> GraphShape | None:
     n, b = batch.num_tokens, batch.state_slots.shape[0]
     if n % b:
         return None
-    return GraphShape(b, n // b)
+    return GraphShape(b, n // b, batch.logits_rows.shape[0])
 
 
-def example_step(num_seqs: int, tokens: int, page_size: int, device: torch.device | str,
-                 logits: LogitsRows = "last") -> StepBatch:
-    """A step of num_seqs segments of `tokens` tokens at position 0 of page 0 (state slot 0):
-    the shape a graph records; what it writes there is overwritten before anyone reads it."""
-    return StepBatch.build([Segment([0] * tokens, 0, [0], 0, logits)] * num_seqs, page_size,
-                           device)
+def example_step(shape: GraphShape, page_size: int, device: torch.device | str) -> StepBatch:
+    """A step of the shape's segments at position 0 of page 0 (state slot 0): what a graph
+    records; what it writes there is overwritten before anyone reads it."""
+    segment = Segment([0] * shape.tokens_per_seq, 0, [0], 0, shape.logits)
+    return StepBatch.build([segment] * shape.num_seqs, page_size, device)
 
 
 class _Captured:
@@ -108,10 +131,9 @@ class StepGraphs:
     def capture_all(self, shapes: Iterable[GraphShape]) -> None:
         """Warm up (autotune) and capture every shape, largest first so that the smaller
         graphs reuse the largest one's memory pool."""
-        for shape in sorted(shapes, key=lambda s: -s.num_seqs * s.tokens_per_seq):
-            n, t = shape.num_seqs, shape.tokens_per_seq
-            inputs = self.example_inputs(n, t) if self.example_inputs is not None else ()
-            entry = _Captured(self.example(n, t), self.max_pages, inputs)
+        for shape in sorted(shapes, key=lambda s: -s.num_tokens):
+            inputs = self.example_inputs(shape) if self.example_inputs is not None else ()
+            entry = _Captured(self.example(shape), self.max_pages, inputs)
             if self.capture:
                 self._record(entry)
             self._shapes[shape] = entry

@@ -3,8 +3,9 @@
 The warm-up runs one step of every shape class a request can produce (engine.warmup), so that
 Triton tunes its kernels here rather than inside the first requests. It runs on a scratch cache
 that is freed again before the real KV pool is allocated, as does the plan's measurement: the
-plan needs two numbers only a run can tell, the peak activations of the largest step the
-scheduler can build (config.step_tokens prompt tokens) and of a full decode step.
+plan needs numbers only a run can tell, the peak activations of the largest step the
+scheduler can build (config.step_tokens prompt tokens) and of the largest step a CUDA graph
+records (a full decode step, or a lone prompt chunk, `graph_shapes`).
 The second of two runs is measured, so that tuning (which allocates benchmark buffers on a
 kernel's first call) is not counted.
 """
@@ -50,6 +51,35 @@ def _forward_step(model: Qwen3_5Model, caches: list[LayerCache], batch: StepBatc
     hidden, tapped = model.forward_taps(batch, caches, taps)
     logits = model.logits(hidden[batch.logits_rows])
     return (hidden, logits, tapped) if taps else (hidden, logits)
+
+
+# A step of one prompt chunk of at most this many tokens, alone (a long prompt prefilling by
+# itself), replays a graph too: its kernels are short enough for a slow host's launches to
+# outlast them (the 35B's 1,024-token chunks: ~100 ms of Python against 42 ms of kernels,
+# docs/perf.md, fifteenth run). Longer chunks outrun the host by themselves, and their graph
+# would hold a second copy of the prefill workspace.
+PROMPT_GRAPH_MAX_TOKENS = 2048
+
+
+def graph_shapes(config: EngineConfig) -> list[GraphShape]:
+    """The target's graphed steps: a decode (verify) step at every batch size, and a lone
+    prompt chunk of config.prompt_chunk tokens, without logits (it continues) and with them
+    (it ends the prompt), where the chunk is short (PROMPT_GRAPH_MAX_TOKENS)."""
+    k, chunk = config.spec_tokens, min(config.prompt_chunk, config.step_tokens)
+    shapes = [GraphShape.of(b, k + 1, "all") for b in range(1, config.max_concurrency + 1)]
+    if k + 1 < chunk <= PROMPT_GRAPH_MAX_TOKENS:
+        shapes += [GraphShape.of(1, chunk, "none"), GraphShape.of(1, chunk, "last")]
+    return shapes
+
+
+def graph_example(shape: GraphShape, config: EngineConfig, device: torch.device) -> StepBatch:
+    """The step a graph of `shape` records: a decode step (`decode_batch`), or a prompt chunk
+    from position 0 on pages 0.. and state slot 0."""
+    if shape.tokens_per_seq == config.spec_tokens + 1:
+        return decode_batch(shape.num_seqs, config, 0, device)
+    pages = range(pages_for(shape.tokens_per_seq, config.page_size))
+    return StepBatch.build([Segment([0] * shape.tokens_per_seq, 0, pages, 0, shape.logits)],
+                           config.page_size, device)
 
 
 def decode_batch(num_seqs: int, config: EngineConfig, page: int, device: torch.device,
@@ -122,8 +152,9 @@ def _synchronize(device: torch.device) -> None:
 
 
 def measure_workspaces(model: Qwen3_5Model, config: EngineConfig) -> tuple[int, int]:
-    """Peak activation bytes of (the largest prefill step, a full decode or verify step), on
-    the scratch cache the warm-up ran on first."""
+    """Peak activation bytes of (the largest prefill step, the largest graphed step: a full
+    decode or verify step, or a lone prompt chunk), on the scratch cache the warm-up ran on
+    first."""
     size, c = config.page_size, config.max_concurrency
     tokens = config.step_tokens
     steps = device_warmup_steps(model, config)
@@ -134,15 +165,15 @@ def measure_workspaces(model: Qwen3_5Model, config: EngineConfig) -> tuple[int, 
     warm_up(model, scratch, config, steps)
     # one segment of the step's tokens: no real step, but it bounds any step's activations
     prefill = StepBatch.build([Segment([0] * tokens, 0, range(pages), 0)], size, model.device)
-    decode = decode_batch(c, config, pages, model.device)
+    graphed = [graph_example(shape, config, model.device) for shape in graph_shapes(config)]
     peaks = []
-    for batch in (prefill, decode):
+    for batch in (prefill, *graphed):
         _forward_step(model, scratch, batch)  # what the warm-up did not tune happens here
         peaks.append(peak_bytes(lambda b=batch, s=scratch: _forward_step(model, s, b),
                                 model.device))
     del scratch
     torch.cuda.empty_cache()
-    return peaks[0], peaks[1]
+    return peaks[0], max(peaks[1:])
 
 
 def plan_device_memory(model: Qwen3_5Model, config: EngineConfig,
@@ -152,7 +183,7 @@ def plan_device_memory(model: Qwen3_5Model, config: EngineConfig,
     take `draft_kv_bytes_per_token` beside the target's KV."""
     device = model.device
     torch.cuda.empty_cache()
-    prefill, decode = measure_workspaces(model, config)
+    prefill, graphed = measure_workspaces(model, config)
     free, total = torch.cuda.mem_get_info(device)
     ours = torch.cuda.memory_reserved(device)
     kv_bytes = kv_bytes_per_token(model.config, config.kv_dtype, model.dtype)
@@ -161,7 +192,7 @@ def plan_device_memory(model: Qwen3_5Model, config: EngineConfig,
         weights=torch.cuda.memory_allocated(device),
         state_slots=config.max_concurrency * (1 + config.spec_tokens)
         * state_bytes_per_slot(model),
-        prefill_workspace=prefill, step_tokens=config.step_tokens, decode_workspace=decode,
+        prefill_workspace=prefill, step_tokens=config.step_tokens, graph_workspace=graphed,
         kv_bytes_per_token=kv_bytes + draft_kv_bytes_per_token,
         page_size=config.page_size, max_context=config.max_context,
         max_concurrency=config.max_concurrency, kv_capacity=config.kv_capacity,
@@ -201,23 +232,22 @@ def warm_up_proposer(proposer: Proposer, model: Qwen3_5Model, config: EngineConf
     log.info("proposer warm-up: %d step shapes in %.1f s", ran, time.perf_counter() - start)
 
 
-def decode_graphs(model: Qwen3_5Model, caches: list[LayerCache], config: EngineConfig,
-                  taps: Sequence[int] = (), *, capture: bool = True) -> StepGraphs:
-    """Graphs of the decode step (forward + lm_head, and the taps a proposer reads) at every
-    batch size 1..max_concurrency: one token per request, or with spec the verify step of
-    K+1 tokens (capture=False: their static buffers, run eagerly, as the CPU tests use them).
+def step_graphs(model: Qwen3_5Model, caches: list[LayerCache], config: EngineConfig,
+                taps: Sequence[int] = (), *, capture: bool = True) -> StepGraphs:
+    """Graphs of the target's step (forward + lm_head, and the taps a proposer reads) for
+    every shape of `graph_shapes` (capture=False: their static buffers, run eagerly, as the
+    CPU tests use them).
 
     Capture runs real steps on position 0 of page 0 and slots no request holds yet: harmless,
     since a request's pages and slots are written before they are read.
     """
-    k = config.spec_tokens
     graphs = StepGraphs(lambda b: _forward_step(model, caches, b, taps),
-                        lambda n, _: decode_batch(n, config, 0, model.device),
+                        lambda shape: graph_example(shape, config, model.device),
                         max_pages=request_pages(config), capture=capture)
     before = torch.cuda.memory_allocated(model.device) if capture else 0
-    graphs.capture_all(GraphShape(b, k + 1) for b in range(1, config.max_concurrency + 1))
+    graphs.capture_all(graph_shapes(config))
     if capture:
-        log.info("captured %d %s graphs (batch 1..%d): %.2f GiB", len(graphs.shapes),
-                 "verify" if k else "decode", config.max_concurrency,
+        log.info("captured %d step graphs (%s): %.2f GiB", len(graphs.shapes),
+                 ", ".join(f"{s.num_seqs}x{s.tokens_per_seq}" for s in graphs.shapes),
                  (torch.cuda.memory_allocated(model.device) - before) / 2**30)
     return graphs

@@ -42,9 +42,9 @@ from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.engine.batch import Segment, StepBatch
 from ninfer_runtime.engine.config import EngineConfig
 from ninfer_runtime.engine.device_setup import (
-    decode_graphs,
     device_warmup_steps,
     plan_device_memory,
+    step_graphs,
     warm_up_proposer,
 )
 from ninfer_runtime.engine.kv_pool import KVPool, request_pages, resolve_kv_capacity
@@ -151,8 +151,8 @@ class Engine:
                                  device_warmup_steps(model, self.config), num_pages)
             if self.config.cuda_graphs:
                 proposer.capture_graphs(config.max_concurrency, request_pages(config))
-        self.graphs = decode_graphs(model, self.caches, self.config,
-                                    proposer.taps if proposer else ()) \
+        self.graphs = step_graphs(model, self.caches, self.config,
+                                  proposer.taps if proposer else ()) \
             if self.config.cuda_graphs else None
         self.kv_pool = KVPool([c for c in self.caches if isinstance(c, PagedKV)])
         self.state_pool = StatePool([c for c in self.caches if isinstance(c, GDNSlots)])

@@ -22,7 +22,7 @@ import torch
 GiB = 2**30
 MARGIN_FRACTION = 0.03  # of the device: allocator fragmentation, cuBLAS/Triton workspaces
 MIN_MARGIN = 1 * GiB
-GRAPH_POOL_FACTOR = 2  # graphs of batch 1..C share one pool sized by the largest, plus slack
+GRAPH_POOL_FACTOR = 2  # the graphs share one pool sized by the largest step, plus slack
 
 
 class MemoryPlanError(MemoryError):
@@ -40,7 +40,7 @@ class MemoryPlan:
     state_slots: int  # GDN conv + recurrent state of every slot
     prefill_workspace: int  # peak activations of the largest step
     step_tokens: int  # the largest step's tokens
-    graph_pool: int  # activations of the captured decode steps
+    graph_pool: int  # activations of the captured steps
     margin: int
     kv: int  # the KV pool
     kv_bytes_per_token: int
@@ -86,7 +86,7 @@ class MemoryPlan:
 
 
 def plan_memory(*, device: str, total: int, other: int, weights: int, state_slots: int,
-                prefill_workspace: int, step_tokens: int, decode_workspace: int,
+                prefill_workspace: int, step_tokens: int, graph_workspace: int,
                 kv_bytes_per_token: int, page_size: int, max_context: int, max_concurrency: int,
                 kv_capacity: int | str, use_cuda_graphs: bool,
                 spec_tokens: int = 0) -> MemoryPlan:
@@ -99,7 +99,7 @@ def plan_memory(*, device: str, total: int, other: int, weights: int, state_slot
     indexed by the pool's pages: the target's and a draft model's.
     """
     margin = max(MIN_MARGIN, int(MARGIN_FRACTION * total))
-    graph_pool = GRAPH_POOL_FACTOR * decode_workspace if use_cuda_graphs else 0
+    graph_pool = GRAPH_POOL_FACTOR * graph_workspace if use_cuda_graphs else 0
     fixed = other + weights + state_slots + prefill_workspace + graph_pool + margin
     page_bytes = kv_bytes_per_token * page_size
     room_pages = max(0, total - fixed) // page_bytes

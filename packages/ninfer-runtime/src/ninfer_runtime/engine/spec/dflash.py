@@ -19,6 +19,7 @@ at positions >= P, which the block pass overwrites (it stores before it attends)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 
@@ -71,17 +72,16 @@ class DFlashProposer:
                        capture: bool = True) -> None:
         """The block pass and the padded context injection: graphs per batch size."""
         device, t = self.draft.device, self.num_drafts + 1
-        shapes = [GraphShape(b, t) for b in range(1, max_concurrency + 1)]
-        self.graphs = StepGraphs(
-            self._block_pass,
-            lambda n, t: example_step(n, t, self.page_size, device, "all"), max_pages,
-            capture=capture)
-        self.graphs.capture_all(shapes)
+        example = partial(example_step, page_size=self.page_size, device=device)
+        self.graphs = StepGraphs(self._block_pass, example, max_pages, capture=capture)
+        self.graphs.capture_all(GraphShape.of(b, t, "all") for b in range(1, max_concurrency + 1))
         self.context_graphs = StepGraphs(
-            self._inject, lambda n, t: example_step(n, t, self.page_size, device, "none"),
-            max_pages, capture=capture, example_inputs=lambda n, t: (torch.zeros(
-                n * t, self.draft.config.tap_width, dtype=self.draft.dtype, device=device),))
-        self.context_graphs.capture_all(shapes)
+            self._inject, example, max_pages, capture=capture,
+            example_inputs=lambda shape: (torch.zeros(
+                shape.num_tokens, self.draft.config.tap_width, dtype=self.draft.dtype,
+                device=device),))
+        self.context_graphs.capture_all(GraphShape.of(b, t, "none")
+                                        for b in range(1, max_concurrency + 1))
 
     def _store_context(self, taps: torch.Tensor, committed: Sequence[Committed]) -> None:
         """Every committed row's taps into the draft's caches (through the graph when the

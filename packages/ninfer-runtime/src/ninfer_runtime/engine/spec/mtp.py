@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -80,16 +81,21 @@ class MTPProposer:
         def hidden(rows: int) -> torch.Tensor:
             return torch.zeros(rows, h, dtype=self.mtp.dtype, device=device)
 
-        self.first_graphs = StepGraphs(
-            self._first_pass, lambda n, t: example_step(n, t, self.page_size, device, "none"),
-            max_pages, capture=capture, example_inputs=lambda n, t: (
-                hidden(n * t), torch.arange(n, device=device) * t + t - 1))
-        self.first_graphs.capture_all(GraphShape(b, k + 1)
+        example = partial(example_step, page_size=self.page_size, device=device)
+
+        def first_inputs(shape: GraphShape) -> tuple[torch.Tensor, torch.Tensor]:
+            n, t = shape.num_seqs, shape.tokens_per_seq
+            return hidden(n * t), torch.arange(n, device=device) * t + t - 1
+
+        self.first_graphs = StepGraphs(self._first_pass, example, max_pages, capture=capture,
+                                       example_inputs=first_inputs)
+        self.first_graphs.capture_all(GraphShape.of(b, k + 1, "none")
                                       for b in range(1, max_concurrency + 1))
         self.graphs = StepGraphs(
-            self._chain_step, lambda n, t: example_step(n, t, self.page_size, device),
-            max_pages, capture=capture, example_inputs=lambda n, _: (hidden(n),))
-        self.graphs.capture_all(GraphShape(b, 1) for b in range(1, max_concurrency + 1))
+            self._chain_step, example, max_pages, capture=capture,
+            example_inputs=lambda shape: (hidden(shape.num_seqs),))
+        self.graphs.capture_all(GraphShape.of(b, 1, "last")
+                                for b in range(1, max_concurrency + 1))
 
     def _padded_first_pass(self, hidden: torch.Tensor, committed: Sequence[Committed]
                            ) -> tuple[torch.Tensor, torch.Tensor] | None:
