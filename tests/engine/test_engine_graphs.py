@@ -152,11 +152,12 @@ def test_steps_without_a_graph_are_refused(model) -> None:
      [(1, 1024, 0), (1, 1024, 1)]),
     ({"prefill_chunk": 2048, "max_context": 70_000}, [(1, 2048, 0), (1, 2048, 1)]),
     ({"prefill_chunk": 8192, "max_context": 70_000}, []),  # outruns the host by itself
+    ({"prefill_chunk": 1024, "max_context": 70_000, "prompt_graphs": False}, []),
     ({"prefill_chunk": 1024, "max_context": 300}, [(1, 299, 0), (1, 299, 1)]),
 ])
 def test_lone_short_prompt_chunks_get_graphs_beside_decode(engine_config: dict,
                                                             prompt_shapes: list) -> None:
-    config = EngineConfig(max_concurrency=4, **engine_config)
+    config = EngineConfig(**{"max_concurrency": 4, "prompt_graphs": True, **engine_config})
     k = config.spec_tokens
     decode = [(b, k + 1, b * (k + 1)) for b in range(1, 5)]
     shapes = [(s.num_seqs, s.tokens_per_seq, s.logits_rows) for s in graph_shapes(config)]
@@ -173,7 +174,8 @@ def test_a_lone_long_prompt_replays_its_chunk_graphs(tiny_artifact: Callable[[st
     loaded = load_artifact(tiny_artifact("moe"), DEVICE)
     reqs = [request("long", prompt(48, 1), greedy(4)), request("ragged", prompt(37, 2),
                                                                 greedy(4))]
-    config = dict(prefill_chunk=16, max_context=128, kv_dtype="bf16", max_concurrency=1)
+    config = dict(prefill_chunk=16, max_context=128, kv_dtype="bf16", max_concurrency=1,
+                  prompt_graphs=True)
     plain = alone(loaded, reqs, cuda_graphs=False, **config)
     eng = engine(loaded, **config)  # on a GPU it captures its graphs
     if eng.graphs is None:

@@ -97,6 +97,8 @@ def _ints(_: click.Context, __: click.Parameter, value: str) -> list[int]:
 @click.option("--max-batched-tokens", default=None, type=int,
               help="Tokens per step over every request (the engine's default if not given).")
 @click.option("--no-cuda-graph", "no_cuda_graph", is_flag=True)
+@click.option("--prompt-graphs", is_flag=True,
+              help="Replay lone short prompt chunks as CUDA graphs (the engine's flag).")
 @click.option("--no-overlap-decode", "no_overlap_decode", is_flag=True,
               help="Read each decode step's tokens before launching the next.")
 @click.option("--no-breakdown", "no_breakdown", is_flag=True)
@@ -109,7 +111,8 @@ def _ints(_: click.Context, __: click.Parameter, value: str) -> list[int]:
               default=Path("out/bench"), show_default=True)
 def engine(artifact: str, context_lengths: list[int], concurrency: list[int],
            decode_tokens: int, kv_dtype: str, prefill_chunk: int,
-           max_batched_tokens: int | None, no_cuda_graph: bool, no_overlap_decode: bool,
+           max_batched_tokens: int | None, no_cuda_graph: bool, prompt_graphs: bool,
+           no_overlap_decode: bool,
            no_breakdown: bool, spec: str, draft_tokens: int, lm_head_draft: bool, device: str,
            output: Path) -> None:
     """In-process prefill and decode throughput of ARTIFACT against its ceilings."""
@@ -120,7 +123,8 @@ def engine(artifact: str, context_lengths: list[int], concurrency: list[int],
     report = run(artifact, contexts=context_lengths, concurrency=concurrency,
                  decode_tokens=decode_tokens, device=device, kv_dtype=kv_dtype,
                  prefill_chunk=prefill_chunk, max_batched_tokens=max_batched_tokens,
-                 cuda_graphs=not no_cuda_graph, overlap_decode=not no_overlap_decode,
+                 cuda_graphs=not no_cuda_graph, prompt_graphs=prompt_graphs,
+                 overlap_decode=not no_overlap_decode,
                  breakdown=not no_breakdown, spec=spec,
                  draft_tokens=draft_tokens, lm_head_draft=lm_head_draft)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()

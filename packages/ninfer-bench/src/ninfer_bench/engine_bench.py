@@ -396,14 +396,15 @@ def by_kernel(prof: object) -> list[tuple[str, float]]:
 def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
         decode_tokens: int, device: str = "cuda", kv_dtype: str = "int8",
         prefill_chunk: int = 1024, max_batched_tokens: int | None = None,
-        cuda_graphs: bool = True, overlap_decode: bool = True, breakdown: bool = True,
+        cuda_graphs: bool = True, prompt_graphs: bool = False, overlap_decode: bool = True,
+        breakdown: bool = True,
         spec: str = "none", draft_tokens: int = 3, lm_head_draft: bool = False) -> dict:
     """Every measurement above for one artifact, as a report dict."""
     longest = max(contexts) + decode_tokens + 8
     config = EngineConfig(max_context=longest, max_concurrency=max(concurrency),
                           prefill_chunk=prefill_chunk, max_batched_tokens=max_batched_tokens,
                           device=device, kv_dtype=kv_dtype, cuda_graphs=cuda_graphs,  # type: ignore[arg-type]
-                          overlap_decode=overlap_decode,
+                          prompt_graphs=prompt_graphs, overlap_decode=overlap_decode,
                           spec=spec, draft_tokens=draft_tokens,  # type: ignore[arg-type]
                           lm_head_draft=lm_head_draft)
     start = time.perf_counter()

@@ -99,8 +99,11 @@ def _default_device() -> str:
               help=f"Model id in the API. Default: the artifact's file stem, or "
               f"{DEFAULT_MODEL_NAME!r}.")
 @click.option("--no-cuda-graph", "no_cuda_graph", is_flag=True,
-              help="Launch decode steps and short prompt chunks kernel by kernel instead of "
-                   "replaying CUDA graphs.")
+              help="Launch decode steps kernel by kernel instead of replaying CUDA graphs.")
+@click.option("--prompt-graphs", is_flag=True,
+              help="Also replay a step of one prompt chunk of at most 2,048 tokens alone (a "
+              "long prompt prefilling by itself) as a CUDA graph: for hosts whose kernel "
+              "launches outlast short chunks' kernels.")
 @click.option("--no-overlap-decode", "no_overlap_decode", is_flag=True,
               help="Read each decode step's tokens before launching the next (by default the "
               "next step is launched first, so the GPU does not wait for the host).")
@@ -117,9 +120,9 @@ def _default_device() -> str:
 def main(artifact: Path | None, host: str, port: int, max_context: int, prefill_chunk: int,
          max_batched_tokens: int | None, kv_dtype: str, kv_capacity: int | str,
          max_concurrency: int, max_queue: int, device: str | None, api_key: str | None,
-         served_model_name: str | None,
-         no_cuda_graph: bool, no_overlap_decode: bool, spec: str, draft_tokens: int,
-         lm_head_draft: bool, max_body_bytes: int, log_level: str) -> None:
+         served_model_name: str | None, no_cuda_graph: bool, prompt_graphs: bool,
+         no_overlap_decode: bool, spec: str, draft_tokens: int, lm_head_draft: bool,
+         max_body_bytes: int, log_level: str) -> None:
     """Serve ARTIFACT (a .ninfer file) over OpenAI-compatible HTTP."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
@@ -129,6 +132,7 @@ def main(artifact: Path | None, host: str, port: int, max_context: int, prefill_
                                      max_concurrency=max_concurrency, max_queue=max_queue,
                                      device=device or _default_device(),
                                      cuda_graphs=not no_cuda_graph,
+                                     prompt_graphs=prompt_graphs,
                                      overlap_decode=not no_overlap_decode,
                                      spec=spec,  # type: ignore[arg-type]
                                      draft_tokens=draft_tokens, lm_head_draft=lm_head_draft)

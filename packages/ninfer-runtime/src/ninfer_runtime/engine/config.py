@@ -28,8 +28,10 @@ class EngineConfig:
     max_queue: int = 256  # waiting requests beyond which new ones are refused (HTTP 429)
     device: str = "cpu"
     page_size: int = 64  # tokens per KV page
-    # replay decode steps and lone short prompt chunks as CUDA graphs (GPU only)
-    cuda_graphs: bool = True
+    cuda_graphs: bool = True  # replay decode steps as CUDA graphs (GPU only)
+    # with cuda_graphs, also a step of one short prompt chunk alone (engine.device_setup.
+    # graph_shapes); opt-in until a GPU run has timed it (docs/perf.md, fifteenth run)
+    prompt_graphs: bool = False
     # launch a plain decode step before the previous one's tokens are read (engine.Engine.step)
     overlap_decode: bool = True
     spec: SpecMethod = "none"  # speculative decoding: the proposer of draft tokens

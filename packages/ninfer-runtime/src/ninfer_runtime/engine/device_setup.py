@@ -62,12 +62,13 @@ PROMPT_GRAPH_MAX_TOKENS = 2048
 
 
 def graph_shapes(config: EngineConfig) -> list[GraphShape]:
-    """The target's graphed steps: a decode (verify) step at every batch size, and a lone
-    prompt chunk of config.prompt_chunk tokens, without logits (it continues) and with them
-    (it ends the prompt), where the chunk is short (PROMPT_GRAPH_MAX_TOKENS)."""
+    """The target's graphed steps: a decode (verify) step at every batch size, and with
+    config.prompt_graphs a lone prompt chunk of config.prompt_chunk tokens, without logits (it
+    continues) and with them (it ends the prompt), where the chunk is short
+    (PROMPT_GRAPH_MAX_TOKENS)."""
     k, chunk = config.spec_tokens, min(config.prompt_chunk, config.step_tokens)
     shapes = [GraphShape.of(b, k + 1, "all") for b in range(1, config.max_concurrency + 1)]
-    if k + 1 < chunk <= PROMPT_GRAPH_MAX_TOKENS:
+    if config.prompt_graphs and k + 1 < chunk <= PROMPT_GRAPH_MAX_TOKENS:
         shapes += [GraphShape.of(1, chunk, "none"), GraphShape.of(1, chunk, "last")]
     return shapes
 
