@@ -250,6 +250,20 @@ def attention_kernel(block_m: int, heads: int, splits: int, cfg):
     return compile_variant(fn, sig, cst, cfg.num_warps, cfg.num_stages)
 
 
+def align_kernel(place: bool):
+    """The MoE align's place (else count) kernel for sm_90 at the 35B's prompt chunks (257
+    stacked experts padded to 512, 64-row blocks), as `moe._launch_align` launches it."""
+    sig = {"flat_ids": "*i64", "sorted_slots": "*i64", "block_expert": "*i64",
+           "span_counts": "*i32", "cursors": "*i32", "n": "i32", "num_blocks": "i32",
+           "spans": "i32"}
+    cst = {"SPAN": moe.ALIGN_SPAN, "EXPERTS": 512, "CHUNK": 32}
+    if place:
+        return compile_variant(moe._align_place_kernel, sig,
+                               cst | {"BLOCK_M": 64, "SPAN_TILE": moe._ALIGN_SPAN_TILE}, 4, 1)
+    count = {name: sig[name] for name in ("flat_ids", "span_counts", "n")}
+    return compile_variant(moe._align_count_kernel, count, cst, 4, 1)
+
+
 def attention_variants(tmp: Path) -> None:
     """The paged attention kernel's KV loop per tile shape and tuner candidate that its
     pruning keeps for the tile; "per weight" is per K/V element a thread decodes in an

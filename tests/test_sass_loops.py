@@ -1,9 +1,10 @@
 """The prompt kernels' inner loops in sm_90 SASS, compiled on a CPU (scripts/sass_report.py):
-what docs/perf.md's 2026-12-05 (third session) changes rest on, kept true. Hopper issues
-conversions (I2F, F2FP) at a fraction of the FP32 rate, so INT8 attention tiles convert no
-code with I2F and walk the tiles every row sees without a mask, and nvfp4 prompt GEMMs on
-fp16 operands multiply and round no weight in fp32 (~20 s on 2 cores). The kernels compile in
-a child process: the tests run under Triton's interpreter, which compiles nothing."""
+what docs/perf.md's 2026-12-05 (third and fourth session) changes rest on, kept true. Hopper
+issues conversions (I2F, F2FP) at a fraction of the FP32 rate, so INT8 attention tiles convert
+no code with I2F and walk the tiles every row sees without a mask, nvfp4 prompt GEMMs on fp16
+operands multiply and round no weight in fp32, and the MoE align sorts without one-hot expert
+vectors (~20 s on 2 cores). The kernels compile in a child process: the tests run under
+Triton's interpreter, which compiles nothing."""
 
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ _CHILD = textwrap.dedent("""
         for swiglu in (True, False):
             out[f"moe {swiglu} {operand}"] = loops(sr.moe_kernel("nvfp4", operand, swiglu,
                                                                  grouped))
+    for place in (True, False):
+        out[f"align {place}"] = loops(sr.align_kernel(place))
     print(json.dumps(out))
 """)
 
@@ -81,3 +84,14 @@ def test_nvfp4_prompt_gemms_on_fp16_operands_multiply_no_weight_in_fp32(loops, k
     assert fp16["FMUL"] == fp16["I2F"] == 0 < bf16["FMUL"]
     assert 4 * fp16["F2FP"] <= bf16["F2FP"]
     assert fp16_n < 2 / 3 * bf16_n
+
+
+def test_the_moe_align_places_and_counts_pairs_without_one_hot_expert_vectors(loops) -> None:
+    """A 35B prompt chunk's align (9,216 pairs, spans of 512): the place kernel's loop over a
+    span's pairs (16 chunks of 32) and the count kernel's take ~175 and ~125 instructions a
+    chunk, where one-hot [32, 512] sums took ~2,750 and ~800 (2026-12-05, fifteenth run: 98
+    and 22 us a chunk-layer); the place kernel's largest loop, its share of the block table,
+    runs once."""
+    place = sorted(n for n, _ in loops["align True"])
+    assert len(place) >= 2 and place[-2] < 400
+    assert max(n for n, _ in loops["align False"]) < 300

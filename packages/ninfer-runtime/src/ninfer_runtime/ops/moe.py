@@ -380,14 +380,16 @@ def _launch_align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignmen
     block_expert = torch.empty(num_blocks, dtype=torch.int64, device=flat.device)
     experts = triton.next_power_of_2(num_experts)
     sweeps = {"EXPERTS": experts, "CHUNK": 32, "num_warps": 4}  # every align kernel's
-    if n <= ALIGN_ONE_PROGRAM_MAX:
-        _align_kernel[(1,)](flat, sorted_slots, block_expert, n, num_blocks, BLOCK_M=block_m,
-                            **sweeps)
+    one_program = n <= ALIGN_ONE_PROGRAM_MAX
+    spans = 1 if one_program else triton.cdiv(n, ALIGN_SPAN)
+    # each span's expert counts, then each program's row cursors (`_place_pairs`)
+    counts, cursors = torch.empty((2, spans, experts), dtype=torch.int32, device=flat.device)
+    if one_program:
+        _align_kernel[(1,)](flat, sorted_slots, block_expert, cursors, n, num_blocks,
+                            BLOCK_M=block_m, **sweeps)
         return Alignment(sorted_slots, block_expert, block_m)
-    spans = triton.cdiv(n, ALIGN_SPAN)
-    span_counts = torch.empty((spans, experts), dtype=torch.int32, device=flat.device)
-    _align_count_kernel[(spans,)](flat, span_counts, n, SPAN=ALIGN_SPAN, **sweeps)
-    _align_place_kernel[(spans,)](flat, sorted_slots, block_expert, span_counts, n,
+    _align_count_kernel[(spans,)](flat, counts, n, SPAN=ALIGN_SPAN, **sweeps)
+    _align_place_kernel[(spans,)](flat, sorted_slots, block_expert, counts, cursors, n,
                                   num_blocks, spans, SPAN=ALIGN_SPAN, BLOCK_M=block_m,
                                   SPAN_TILE=_ALIGN_SPAN_TILE, **sweeps)
     return Alignment(sorted_slots, block_expert, block_m)
@@ -742,14 +744,13 @@ if triton is not None:
 
     @triton.jit
     def _count_pairs(flat_ids, lo, hi, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
-        """[EXPERTS] int32: how many of the pairs [lo, hi) go to each expert. A [CHUNK,
-        EXPERTS] one-hot stands in for scatters into a register vector."""
-        experts = tl.arange(0, EXPERTS)
+        """[EXPERTS] int32: how many of the pairs [lo, hi) go to each expert."""
         lane = tl.arange(0, CHUNK)
         counts = tl.zeros([EXPERTS], dtype=tl.int32)
         for c0 in range(lo, hi, CHUNK):
-            e = tl.load(flat_ids + c0 + lane, mask=c0 + lane < hi, other=EXPERTS)
-            counts += tl.sum((e[:, None] == experts[None, :]).to(tl.int32), axis=0)
+            valid = c0 + lane < hi
+            e = tl.load(flat_ids + c0 + lane, mask=valid, other=0).to(tl.int32)
+            counts += tl.histogram(e, EXPERTS, mask=valid)
         return counts
 
     @triton.jit
@@ -780,32 +781,40 @@ if triton is not None:
         return first_row
 
     @triton.jit
-    def _place_pairs(flat_ids, sorted_slots, lo, hi, next_row, EXPERTS: tl.constexpr,
-                     CHUNK: tl.constexpr):
-        """Pairs [lo, hi) in order to their rows: pair i of expert e goes to next_row[e]
-        [EXPERTS] plus the pairs of e in [lo, i), so each expert keeps the flat order."""
-        experts = tl.arange(0, EXPERTS)
+    def _place_pairs(flat_ids, sorted_slots, cursors, lo, hi, CHUNK: tl.constexpr):
+        """Pairs [lo, hi) in order to their rows: pair i of expert e goes to row cursors[e]
+        plus the pairs of e before it in its chunk of CHUNK, and the last of them moves
+        cursors[e] past the chunk's, so each expert keeps the flat order. The cursors (the
+        program's own [EXPERTS] row, each expert's next free row) live in global memory,
+        gathered and scattered through L2 (.cg), a barrier between a chunk's reads and its
+        writes and another before the next chunk's reads: a [CHUNK, EXPERTS] one-hot in
+        registers took ~2,750 instructions a thread a chunk of 32 (sm_90 SASS), the [CHUNK,
+        CHUNK] ranks here a tenth of that."""
         lane = tl.arange(0, CHUNK)
         for c0 in range(lo, hi, CHUNK):
             i = c0 + lane
             valid = i < hi
-            e = tl.load(flat_ids + i, mask=valid, other=EXPERTS)
-            hot = e[:, None] == experts[None, :]
-            base = tl.sum(tl.where(hot, next_row[None, :], 0), axis=1)
-            earlier = (e[:, None] == e[None, :]) & (lane[None, :] < lane[:, None])
-            rank = tl.sum(earlier.to(tl.int32), axis=1)
-            tl.store(sorted_slots + base + rank, i.to(tl.int64), mask=valid)
-            next_row += tl.sum(hot.to(tl.int32), axis=0)
+            e = tl.load(flat_ids + i, mask=valid, other=0)
+            same = (e[:, None] == e[None, :]) & valid[None, :]
+            rank = tl.sum((same & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1)
+            later = tl.sum((same & (lane[None, :] > lane[:, None])).to(tl.int32), axis=1)
+            row = tl.load(cursors + e, mask=valid, other=0, cache_modifier=".cg") + rank
+            tl.store(sorted_slots + row, i.to(tl.int64), mask=valid)
+            tl.debug_barrier()  # every lane has read its expert's cursor
+            tl.store(cursors + e, row + 1, mask=valid & (later == 0), cache_modifier=".cg")
+            tl.debug_barrier()  # the moved cursors are written before the next chunk reads
 
     @triton.jit
-    def _align_kernel(flat_ids, sorted_slots, block_expert, n, num_blocks,
+    def _align_kernel(flat_ids, sorted_slots, block_expert, cursors, n, num_blocks,
                       BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
         """One program: align_ref's sort in three sweeps (count, blocks, place). The stores
-        are disjoint (pairs to their rows, the sentinel to the padding rows): no barrier."""
+        are disjoint (pairs to their rows, the sentinel to the padding rows)."""
         counts = _count_pairs(flat_ids, 0, n, EXPERTS, CHUNK)
         first_row = _write_blocks(counts, sorted_slots, block_expert, n, 0, num_blocks,
                                   BLOCK_M, EXPERTS, CHUNK)
-        _place_pairs(flat_ids, sorted_slots, 0, n, first_row, EXPERTS, CHUNK)
+        tl.store(cursors + tl.arange(0, EXPERTS), first_row, cache_modifier=".cg")
+        tl.debug_barrier()
+        _place_pairs(flat_ids, sorted_slots, cursors, 0, n, CHUNK)
 
     @triton.jit(do_not_specialize=["n"])
     def _align_count_kernel(flat_ids, span_counts, n, SPAN: tl.constexpr,
@@ -818,15 +827,15 @@ if triton is not None:
         tl.store(span_counts + p * EXPERTS + tl.arange(0, EXPERTS), counts)
 
     @triton.jit(do_not_specialize=["n", "num_blocks", "spans"])
-    def _align_place_kernel(flat_ids, sorted_slots, block_expert, span_counts, n, num_blocks,
-                            spans, SPAN: tl.constexpr, BLOCK_M: tl.constexpr,
+    def _align_place_kernel(flat_ids, sorted_slots, block_expert, span_counts, cursors, n,
+                            num_blocks, spans, SPAN: tl.constexpr, BLOCK_M: tl.constexpr,
                             SPAN_TILE: tl.constexpr, EXPERTS: tl.constexpr,
                             CHUNK: tl.constexpr):
         """Program p: every expert's total and its pairs in the spans before p (from all the
         spans' counts, which every program reads), p's share of the block table, then the
-        pairs of span p placed after those of the spans before it. The stores are disjoint
-        (pairs to their rows, the sentinel to the padding rows): no ordering between
-        programs."""
+        pairs of span p placed after those of the spans before it (from its own row of
+        cursors). The stores are disjoint (pairs to their rows, the sentinel to the padding
+        rows): no ordering between programs."""
         p = tl.program_id(0)
         experts = tl.arange(0, EXPERTS)
         tile = tl.arange(0, SPAN_TILE)
@@ -842,9 +851,11 @@ if triton is not None:
         first_row = _write_blocks(totals, sorted_slots, block_expert, n, p * share,
                                   tl.minimum((p + 1) * share, num_blocks), BLOCK_M, EXPERTS,
                                   CHUNK)
+        own = cursors + p * EXPERTS
+        tl.store(own + experts, first_row + before, cache_modifier=".cg")
+        tl.debug_barrier()
         lo = p * SPAN
-        _place_pairs(flat_ids, sorted_slots, lo, tl.minimum(lo + SPAN, n), first_row + before,
-                     EXPERTS, CHUNK)
+        _place_pairs(flat_ids, sorted_slots, own, lo, tl.minimum(lo + SPAN, n), CHUNK)
 
     @triton.jit
     def _e4m3_f16(raw):
