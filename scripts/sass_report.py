@@ -260,8 +260,9 @@ def align_kernel(place: bool):
     if place:
         return compile_variant(moe._align_place_kernel, sig,
                                cst | {"BLOCK_M": 64, "SPAN_TILE": moe._ALIGN_SPAN_TILE}, 4, 1)
-    count = {name: sig[name] for name in ("flat_ids", "span_counts", "n")}
-    return compile_variant(moe._align_count_kernel, count, cst, 4, 1)
+    count = {name: sig[name] for name in ("flat_ids", "span_counts", "sorted_slots", "n")}
+    return compile_variant(moe._align_count_kernel, count | {"rows": "i32"},
+                           cst | {"FILL": moe._ALIGN_FILL}, 4, 1)
 
 
 def attention_variants(tmp: Path) -> None:

@@ -81,7 +81,8 @@ _SCHEMES = {"nvfp4": NVFP4, "groupwise-int": INT4}
 INT4_GROUP = 128  # quant.groupwise_int.GROUP: a K tile must lie inside one group
 # `align` sorts up to this many (token, slot) pairs in one program and launch; more (prompt
 # chunks: 1,024 tokens x 9 slots in the 35B) in two launches of a program per ALIGN_SPAN
-# pairs (count; then blocks and place, each program taking its share of the block table):
+# pairs (count and sentinel rows; then block owners and place, each program taking its share
+# of the block table):
 # few launches matter, since a prompt chunk's many short kernels leave the GPU waiting on the
 # host (docs/perf.md, sixth run), and no launch of one program, which took 44 us of each
 # 35B chunk-layer (eleventh run: 14 of the 8K prefill's 372 ms)
@@ -89,6 +90,8 @@ ALIGN_ONE_PROGRAM_MAX = 4096
 ALIGN_SPAN = 512
 # spans' count rows a program of the place kernel loads at once
 _ALIGN_SPAN_TILE = 8
+# sentinel rows an align program stores at once
+_ALIGN_FILL = 1024
 # From this many pairs per expert (mean over the stacked experts) a bf16 prompt step takes the
 # dequantized path. A first guess, untimed: from the H200's eleventh run, a 64-row block of
 # the in-register path ~2 us and dequantizing the 35B's experts ~0.6 ms a layer, the two
@@ -386,9 +389,10 @@ def _launch_align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignmen
     counts, cursors = torch.empty((2, spans, experts), dtype=torch.int32, device=flat.device)
     if one_program:
         _align_kernel[(1,)](flat, sorted_slots, block_expert, cursors, n, num_blocks,
-                            BLOCK_M=block_m, **sweeps)
+                            BLOCK_M=block_m, FILL=_ALIGN_FILL, **sweeps)
         return Alignment(sorted_slots, block_expert, block_m)
-    _align_count_kernel[(spans,)](flat, counts, n, SPAN=ALIGN_SPAN, **sweeps)
+    _align_count_kernel[(spans,)](flat, counts, sorted_slots, n, sorted_slots.shape[0],
+                                  SPAN=ALIGN_SPAN, FILL=_ALIGN_FILL, **sweeps)
     _align_place_kernel[(spans,)](flat, sorted_slots, block_expert, counts, cursors, n,
                                   num_blocks, spans, SPAN=ALIGN_SPAN, BLOCK_M=block_m,
                                   SPAN_TILE=_ALIGN_SPAN_TILE, **sweeps)
@@ -754,31 +758,33 @@ if triton is not None:
         return counts
 
     @triton.jit
-    def _write_blocks(counts, sorted_slots, block_expert, n, b_lo, b_hi,
-                      BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
+    def _fill_rows(sorted_slots, lo, hi, n, FILL: tl.constexpr):
+        """The sentinel n into rows [lo, hi) of the sorted slots: every row that no pair
+        takes keeps it (the pairs' rows are written after, in stream or barrier order)."""
+        for r0 in range(lo, hi, FILL):
+            r = r0 + tl.arange(0, FILL)
+            tl.store(sorted_slots + r, tl.full([FILL], n, tl.int64), mask=r < hi)
+
+    @triton.jit
+    def _write_owners(counts, block_expert, b_lo, b_hi, BLOCK_M: tl.constexpr,
+                      EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
         """From every expert's pair count: the owner expert (or -1) of blocks [b_lo, b_hi),
-        and the sentinel n on their rows past the owner's count. Returns each expert's first
-        row [EXPERTS]."""
+        written from the experts' side (each its own blocks, then -1 on the blocks after all
+        of theirs), where finding each block's owner took a [CHUNK, EXPERTS] compare a chunk
+        of 32 blocks (~2,000-3,500 sm_90 instructions a thread; a 35B prompt of 200 tokens
+        has ~350 blocks). Returns each expert's first row [EXPERTS]."""
         experts = tl.arange(0, EXPERTS)
-        lane = tl.arange(0, CHUNK)
         blocks = (counts + BLOCK_M - 1) // BLOCK_M
-        block_end = tl.cumsum(blocks, axis=0)
-        first_row = (block_end - blocks) * BLOCK_M
-        total = tl.sum(blocks, axis=0)
-        row = tl.arange(0, BLOCK_M)
-        for b0 in range(b_lo, b_hi, CHUNK):
+        block_start = tl.cumsum(blocks, axis=0) - blocks
+        for j in range(0, tl.max(blocks, axis=0)):
+            b = block_start + j
+            tl.store(block_expert + b, experts.to(tl.int64),
+                     mask=(j < blocks) & (b >= b_lo) & (b < b_hi))
+        lane = tl.arange(0, CHUNK)
+        for b0 in range(tl.maximum(tl.sum(blocks, axis=0), b_lo), b_hi, CHUNK):
             b = b0 + lane
-            owner = tl.sum((block_end[None, :] <= b[:, None]).to(tl.int32), axis=1)
-            hot = owner[:, None] == experts[None, :]
-            count = tl.sum(tl.where(hot, counts[None, :], 0), axis=1)
-            start = tl.sum(tl.where(hot, first_row[None, :], 0), axis=1)
-            used = b < total
-            tl.store(block_expert + b, tl.where(used, owner, -1).to(tl.int64), mask=b < b_hi)
-            flat_row = b[:, None] * BLOCK_M + row[None, :]
-            pad = (flat_row - start[:, None] >= count[:, None]) | ~used[:, None]
-            tl.store(sorted_slots + flat_row, tl.full([CHUNK, BLOCK_M], n, tl.int64),
-                     mask=pad & (b[:, None] < b_hi))
-        return first_row
+            tl.store(block_expert + b, tl.full([CHUNK], -1, tl.int64), mask=b < b_hi)
+        return block_start * BLOCK_M
 
     @triton.jit
     def _place_pairs(flat_ids, sorted_slots, cursors, lo, hi, CHUNK: tl.constexpr):
@@ -806,22 +812,26 @@ if triton is not None:
 
     @triton.jit
     def _align_kernel(flat_ids, sorted_slots, block_expert, cursors, n, num_blocks,
-                      BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
-        """One program: align_ref's sort in three sweeps (count, blocks, place). The stores
-        are disjoint (pairs to their rows, the sentinel to the padding rows)."""
+                      BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr,
+                      FILL: tl.constexpr):
+        """One program: align_ref's sort (sentinel rows, count, block owners, place)."""
+        _fill_rows(sorted_slots, 0, num_blocks * BLOCK_M, n, FILL)
         counts = _count_pairs(flat_ids, 0, n, EXPERTS, CHUNK)
-        first_row = _write_blocks(counts, sorted_slots, block_expert, n, 0, num_blocks,
-                                  BLOCK_M, EXPERTS, CHUNK)
+        first_row = _write_owners(counts, block_expert, 0, num_blocks, BLOCK_M, EXPERTS, CHUNK)
         tl.store(cursors + tl.arange(0, EXPERTS), first_row, cache_modifier=".cg")
-        tl.debug_barrier()
+        tl.debug_barrier()  # the cursors, and the sentinel rows the pairs' overwrite
         _place_pairs(flat_ids, sorted_slots, cursors, 0, n, CHUNK)
 
     @triton.jit(do_not_specialize=["n"])
-    def _align_count_kernel(flat_ids, span_counts, n, SPAN: tl.constexpr,
-                            EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
+    def _align_count_kernel(flat_ids, span_counts, sorted_slots, n, rows,
+                            SPAN: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr,
+                            FILL: tl.constexpr):
         """Program p: the per-expert counts of pairs [p * SPAN, (p + 1) * SPAN) ->
-        span_counts[p]."""
+        span_counts[p], and the sentinel into its share of the `rows` sorted slots (the
+        place kernel, launched after, writes the pairs' rows)."""
         p = tl.program_id(0)
+        share = tl.cdiv(rows, tl.num_programs(0))
+        _fill_rows(sorted_slots, p * share, tl.minimum((p + 1) * share, rows), n, FILL)
         lo = p * SPAN
         counts = _count_pairs(flat_ids, lo, tl.minimum(lo + SPAN, n), EXPERTS, CHUNK)
         tl.store(span_counts + p * EXPERTS + tl.arange(0, EXPERTS), counts)
@@ -834,8 +844,8 @@ if triton is not None:
         """Program p: every expert's total and its pairs in the spans before p (from all the
         spans' counts, which every program reads), p's share of the block table, then the
         pairs of span p placed after those of the spans before it (from its own row of
-        cursors). The stores are disjoint (pairs to their rows, the sentinel to the padding
-        rows): no ordering between programs."""
+        cursors), over the sentinel the count kernel left. The stores are disjoint (block
+        owners to the program's share, pairs to their rows): no ordering between programs."""
         p = tl.program_id(0)
         experts = tl.arange(0, EXPERTS)
         tile = tl.arange(0, SPAN_TILE)
@@ -848,7 +858,7 @@ if triton is not None:
             totals += tl.sum(counts, axis=0)
             before += tl.sum(tl.where((q < p)[:, None], counts, 0), axis=0)
         share = tl.cdiv(num_blocks, spans)
-        first_row = _write_blocks(totals, sorted_slots, block_expert, n, p * share,
+        first_row = _write_owners(totals, block_expert, p * share,
                                   tl.minimum((p + 1) * share, num_blocks), BLOCK_M, EXPERTS,
                                   CHUNK)
         own = cursors + p * EXPERTS
