@@ -57,6 +57,7 @@ PREFILL_BLOCK_M = 128  # rows (tokens x q heads of a kv head) per program for pr
 MAX_SPLITS = 64  # context splits per query block (a power of two)
 MIN_SPLIT_TOKENS = 256  # fewer keys than this per split cost more in merging than they save
 WAVES = 2  # programs to aim for, per multiprocessor, before splitting stops
+MERGE_PARTIALS = 32  # partial outputs (heads x splits) one merge program combines, at most
 # INT8 KV dequantized by inline PTX in fp16 (kv_quant.INT8_QUAD_PTX), four codes an
 # instruction, the dots then in fp16. The fp32 path converts every code with I2F and rounds
 # pairs to bf16 with F2FP, conversions that Hopper issues at a fraction of the FP32 rate
@@ -565,32 +566,45 @@ if triton is not None:
     def _merge_splits_kernel(part_out, part_lse, out, stride_ot, stride_oh, gate, stride_gt,
                              stride_gh, xo_ptr, inv_ptr, xsum_ptr, num_tokens, num_heads,
                              NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                             HAS_GATE: tl.constexpr, OPERAND: tl.constexpr,
-                             GROUP: tl.constexpr, HAS_SUM: tl.constexpr, GDC: tl.constexpr):
-        """Program (token, head): the splits' outputs weighted by their share of the softmax.
-        With OPERAND, also the head's HEAD_DIM / GROUP groups of the decode operand of the
-        output read as [tokens, heads * HEAD_DIM] (`store_operand`, of the rounded output
-        as stored)."""
+                             HEADS: tl.constexpr, HAS_GATE: tl.constexpr,
+                             OPERAND: tl.constexpr, GROUP: tl.constexpr, HAS_SUM: tl.constexpr,
+                             GDC: tl.constexpr):
+        """Program (token, HEADS heads): the splits' outputs weighted by their share of the
+        softmax. A split that saw no key stored a zero output and lse -inf, so the outputs
+        load with the lse, not after it. With OPERAND (HEADS 1), also the head's HEAD_DIM /
+        GROUP groups of the decode operand of the output read as [tokens, heads * HEAD_DIM]
+        (`store_operand`, of the rounded output as stored)."""
         wait_for_inputs(GDC)
         t = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1)
-        part = (t * num_heads + h) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
+        h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
+        h_ok = h < num_heads
+        part = (t * num_heads + h)[:, None] * NUM_SPLITS + tl.arange(0, NUM_SPLITS)[None, :]
         d = tl.arange(0, HEAD_DIM)
-        lse = tl.load(part_lse + part)
+        lse = tl.load(part_lse + part, mask=h_ok[:, None], other=0.0)
+        o = tl.load(part_out + part[:, :, None] * HEAD_DIM + d[None, None, :],
+                    mask=h_ok[:, None, None], other=0.0)
         # every row sees its own position's key in some split, so the max is finite
-        w = tl.exp2(lse - tl.max(lse, 0))
-        o = tl.load(part_out + part[:, None] * HEAD_DIM + d[None, :],
-                    mask=(lse > float("-inf"))[:, None], other=0.0)
-        o = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+        w = tl.exp2(lse - tl.max(lse, 1)[:, None])
+        o = tl.sum(o * w[:, :, None], 1) / tl.sum(w, 1)[:, None]
         if HAS_GATE:
-            o = o * tl.sigmoid(tl.load(gate + t * stride_gt + h * stride_gh + d).to(tl.float32))
+            g = tl.load(gate + t * stride_gt + h[:, None] * stride_gh + d[None, :],
+                        mask=h_ok[:, None], other=0.0)
+            o = o * tl.sigmoid(g.to(tl.float32))
         o = o.to(out.dtype.element_ty)
-        tl.store(out + t * stride_ot + h * stride_oh + d, o)
+        tl.store(out + t * stride_ot + h[:, None] * stride_oh + d[None, :], o,
+                 mask=h_ok[:, None])
         if OPERAND:
             rows = t + tl.arange(0, 1)
-            store_operand(o.to(tl.float32)[None, :], rows, rows < num_tokens, h * HEAD_DIM,
-                          num_tokens, num_heads * HEAD_DIM, xo_ptr, inv_ptr, xsum_ptr, GROUP,
-                          HAS_SUM)
+            store_operand(o.to(tl.float32), rows, rows < num_tokens,
+                          tl.program_id(1) * HEAD_DIM, num_tokens, num_heads * HEAD_DIM,
+                          xo_ptr, inv_ptr, xsum_ptr, GROUP, HAS_SUM)
+
+
+def _merge_heads(num_splits: int, num_heads: int) -> int:
+    """Heads a merge program takes: up to MERGE_PARTIALS partial outputs of a token (a prompt
+    chunk's few splits: 8 heads a program, 16x fewer programs than one a head, which took
+    ~100 us to merge a 35B chunk of 1,024 tokens; decode's 64 splits: one head)."""
+    return max(1, min(_pow2(num_heads), MERGE_PARTIALS // num_splits))
 
 
 def _check_cache(cache_: torch.Tensor, scales: torch.Tensor | None) -> None:
@@ -692,10 +706,11 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     assert operand_spec is None or d % operand_spec[0] == 0, "a head must hold whole groups"
     operand = None if operand_spec is None else DecodeOperand.empty(n, nq * d, *operand_spec,
                                                                     q.device)
-    _merge_splits_kernel[(n, nq)](
+    heads = 1 if operand is not None else _merge_heads(plan.num_splits, nq)
+    _merge_splits_kernel[(n, triton.cdiv(nq, heads))](
         part_out, part_lse, out, out.stride(0), out.stride(1), g, g.stride(0), g.stride(1),
         *operand_buffers(operand, out), n, nq, NUM_SPLITS=plan.num_splits, HEAD_DIM=d,
-        HAS_GATE=gate is not None,
+        HEADS=heads, HAS_GATE=gate is not None,
         OPERAND=operand is not None, GROUP=operand.group if operand else d,
         HAS_SUM=operand is not None and operand.sums, **options(q.device),
     )
