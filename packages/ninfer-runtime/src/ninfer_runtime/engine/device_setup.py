@@ -166,7 +166,11 @@ def measure_workspaces(model: Qwen3_5Model, config: EngineConfig) -> tuple[int, 
     warm_up(model, scratch, config, steps)
     # one segment of the step's tokens: no real step, but it bounds any step's activations
     prefill = StepBatch.build([Segment([0] * tokens, 0, range(pages), 0)], size, model.device)
-    graphed = [graph_example(shape, config, model.device) for shape in graph_shapes(config)]
+    # the largest of each graphed kind bounds the others: decode at every request, each chunk
+    shapes = graph_shapes(config)
+    widest = {s.tokens_per_seq: s.num_seqs for s in sorted(shapes, key=lambda s: s.num_seqs)}
+    graphed = [graph_example(s, config, model.device) for s in shapes
+               if s.num_seqs == widest[s.tokens_per_seq]]
     peaks = []
     for batch in (prefill, *graphed):
         _forward_step(model, scratch, batch)  # what the warm-up did not tune happens here
