@@ -27,6 +27,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from ninfer_runtime.engine.batch import LogitsRows, Segment, StepBatch
+from ninfer_runtime.engine.kv_pool import pages_for
 
 # (step, *inputs) -> outputs, e.g. hidden, logits[, taps]
 Forward = Callable[..., tuple[torch.Tensor, ...]]
@@ -72,9 +73,10 @@ def shape_of(batch: StepBatch) -> GraphShape | None:
 
 
 def example_step(shape: GraphShape, page_size: int, device: torch.device | str) -> StepBatch:
-    """A step of the shape's segments at position 0 of page 0 (state slot 0): what a graph
-    records; what it writes there is overwritten before anyone reads it."""
-    segment = Segment([0] * shape.tokens_per_seq, 0, [0], 0, shape.logits)
+    """A step of the shape's segments from position 0 on pages 0.. (state slot 0): what a
+    graph records; what it writes there is overwritten before anyone reads it."""
+    pages = range(pages_for(shape.tokens_per_seq, page_size))
+    segment = Segment([0] * shape.tokens_per_seq, 0, pages, 0, shape.logits)
     return StepBatch.build([segment] * shape.num_seqs, page_size, device)
 
 

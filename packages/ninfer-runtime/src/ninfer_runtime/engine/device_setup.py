@@ -22,7 +22,7 @@ import torch
 from ninfer_runtime.config import FULL_ATTENTION
 from ninfer_runtime.engine.batch import Segment, StepBatch
 from ninfer_runtime.engine.config import EngineConfig
-from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs
+from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs, example_step
 from ninfer_runtime.engine.kv_pool import kv_bytes_per_token, pages_for, request_pages
 from ninfer_runtime.engine.memory_plan import MemoryPlan, peak_bytes, plan_memory
 from ninfer_runtime.engine.request import SamplingParams
@@ -75,12 +75,10 @@ def graph_shapes(config: EngineConfig) -> list[GraphShape]:
 
 def graph_example(shape: GraphShape, config: EngineConfig, device: torch.device) -> StepBatch:
     """The step a graph of `shape` records: a decode step (`decode_batch`), or a prompt chunk
-    from position 0 on pages 0.. and state slot 0."""
+    (`example_step`)."""
     if shape.tokens_per_seq == config.spec_tokens + 1:
         return decode_batch(shape.num_seqs, config, 0, device)
-    pages = range(pages_for(shape.tokens_per_seq, config.page_size))
-    return StepBatch.build([Segment([0] * shape.tokens_per_seq, 0, pages, 0, shape.logits)],
-                           config.page_size, device)
+    return example_step(shape, config.page_size, device)
 
 
 def decode_batch(num_seqs: int, config: EngineConfig, page: int, device: torch.device,

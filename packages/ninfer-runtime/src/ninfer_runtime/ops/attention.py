@@ -574,6 +574,7 @@ if triton is not None:
         load with the lse, not after it. With OPERAND (HEADS 1), also the head's HEAD_DIM /
         GROUP groups of the decode operand of the output read as [tokens, heads * HEAD_DIM]
         (`store_operand`, of the rounded output as stored)."""
+        tl.static_assert(HEADS == 1 or not OPERAND, "the operand is written a head at a time")
         wait_for_inputs(GDC)
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)

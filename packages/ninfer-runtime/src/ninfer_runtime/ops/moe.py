@@ -819,7 +819,7 @@ if triton is not None:
         counts = _count_pairs(flat_ids, 0, n, EXPERTS, CHUNK)
         first_row = _write_owners(counts, block_expert, 0, num_blocks, BLOCK_M, EXPERTS, CHUNK)
         tl.store(cursors + tl.arange(0, EXPERTS), first_row, cache_modifier=".cg")
-        tl.debug_barrier()  # the cursors, and the sentinel rows the pairs' overwrite
+        tl.debug_barrier()  # the cursors, and the sentinel rows the pairs overwrite
         _place_pairs(flat_ids, sorted_slots, cursors, 0, n, CHUNK)
 
     @triton.jit(do_not_specialize=["n"])
