@@ -171,10 +171,9 @@ def probe(label: str, tokens: int) -> None:
     print(f"  all kernels {sum(times.values()):.1f} us a call")
     for name, us in sorted(times.items(), key=lambda kv: -kv[1]):
         print(f"  {name[:60]:<60} {us:9.1f} us")
-    for kernel in (gdn._gdn_chunked_kernel, gdn._gdn_chunk_output_kernel):
-        print(f"  {kernel.fn.__name__} per config:")
-        for what, us in _forced(kernel, run):
-            print(f"    {what:<30} {us:9.1f} us")
+    print(f"  {gdn._gdn_chunked_kernel.__name__} per config:")
+    for what, us in _forced(gdn.scan_kernel(dv), run):
+        print(f"    {what:<30} {us:9.1f} us")
     _inverses(-(-tokens // gdn.CHUNK_SIZE) * nv)
     _fla(q, k, v, g, beta, states, run)
     for kernel in (gdn._gdn_chunk_prepare_kernel, gdn._gdn_chunked_kernel,

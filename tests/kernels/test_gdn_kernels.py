@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer_runtime.ops import quant_linear
+from ninfer_runtime.ops import gdn, quant_linear
 from ninfer_runtime.ops.conv import (
     causal_conv1d,
     causal_conv1d_varlen,
@@ -286,3 +286,21 @@ def test_decode_applies_the_output_norm(group: int | None, snapshots: bool) -> N
                                                                          (128, False))),
                       x, cu, slots, snap)[0]
     assert wide[1] is None and torch.equal(wide[0], expect)
+
+
+@pytest.mark.parametrize("dv", [16, 32, 128])
+def test_prompt_tiles_fit_the_head_on_the_gpu(dv: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan's and output kernel's GPU tiles divide dv (their state tiles are unmasked, their
+    grids dv / BV programs a head) for every candidate list, one config long or more: fitted
+    per dv, not by the autotuner's pruning hook, which Triton skips for a single config (the
+    output kernel's one config launched nothing at dv 32 on the GPU, docs/perf.md, sixteenth
+    run)."""
+    monkeypatch.setattr(gdn, "INTERPRET", False)
+    for tiles in (gdn._SCAN_TILES, gdn._OUTPUT_TILES, ((128, 4, 2),)):
+        fitted = gdn._fitted(tiles, dv)
+        assert fitted and all(dv % bv == 0 for bv, _, _ in fitted)
+    gdn.scan_kernel.cache_clear()
+    try:
+        assert all(dv % c.kwargs["BV"] == 0 for c in gdn.scan_kernel(dv).configs)
+    finally:
+        gdn.scan_kernel.cache_clear()

@@ -455,13 +455,15 @@ def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     blocks = num_blocks(n, seqs, CHUNK_SIZE)
     delta = torch.empty(n, nv, dv, dtype=torch.float32, device=v.device)
     hs = torch.empty(blocks, nv, dk, dv, dtype=torch.float32, device=v.device)
-    _gdn_chunked_kernel[lambda meta: (seqs, nv, dv // meta["BV"])](
+    scan_kernel(dv)[lambda meta: (seqs, nv, dv // meta["BV"])](
         kn, g, w, u, delta, hs, states, cu_seqlens, slots, g.stride(0), states.stride(0),
         states.stride(1), GROUP=nv // nk, DK=dk, DV=dv, C=CHUNK_SIZE,
         PRECISION=precision)
-    _gdn_chunk_output_kernel[lambda meta: (blocks, nv, dv // meta["BV"])](
+    (bv, warps, stages), = _fitted(_OUTPUT_TILES, dv)
+    _gdn_chunk_output_kernel[(blocks, nv, dv // bv)](
         qn, kn, g, delta, hs, out, cu_seqlens, seqs, g.stride(0), out.stride(0),
-        out.stride(1), GROUP=nv // nk, DK=dk, DV=dv, C=CHUNK_SIZE, PRECISION=precision)
+        out.stride(1), GROUP=nv // nk, DK=dk, DV=dv, BV=bv, C=CHUNK_SIZE, PRECISION=precision,
+        num_warps=warps, num_stages=stages)
     return out
 
 
@@ -473,30 +475,40 @@ _GATING_ROWS = 16
 _PREPARE_WARPS = 4
 
 
-def _configs(options: list[tuple[int, int, int]]) -> list:
-    """Autotune candidates as (BV, num_warps, num_stages); the interpreter gets one small
-    tile (BV 16, so that tests at small dv still split it), not a tuning run."""
-    if INTERPRET:
-        options = [(16, 4, 1)]
-    return [triton.Config({"BV": bv}, num_warps=warps, num_stages=stages)
-            for bv, warps, stages in options]
+# (BV, num_warps, num_stages) of the prompt path's scan (tuned) and output kernel: the ones the
+# H200 timed fastest over a lone 8K prompt at dk = dv = 128 (docs/perf.md, fourteenth run). Of
+# 7 scan candidates (BV 16-64, 4 or 8 warps, 1 or 2 stages) and 5 output ones only these won:
+# the scan at BV 64 for the 27B (48 heads x 2 programs, one round of the 132 SMs: 752 us; BV
+# 32 makes two rounds, 1,219) and BV 32 for the 35B (32 heads: 698 us against 759); the output
+# at BV 64, 4 warps for both (467 and 329 us; a tuner timing 5 configs took 643-666 and 412).
+# Every load feeds a dot, so stages multiply the shared memory (the scan: 168 KiB at BV 32, 192
+# at BV 64, 2 stages each; the output: 113 KiB).
+_SCAN_TILES = ((64, 4, 2), (32, 4, 2))
+_OUTPUT_TILES = ((64, 4, 2),)
 
 
-def _fit_dv(configs: list, named_args: dict, **kwargs: object) -> list:
-    """Clamp the tiles to dv (merging the ones that become equal).
+def _fitted(tiles: tuple[tuple[int, int, int], ...], dv: int) -> list[tuple[int, int, int]]:
+    """The tiles clamped to dv (equal ones merged); the interpreter's one is BV 16, so that
+    tests at small dv still split a head's columns.
 
     A tile must never be wider than dv: the state tiles are loaded and stored unmasked, so a
-    wider one overruns into the next rows (racing with their owners), and the chunked grid,
-    dv // BV programs per head, would be empty. The interpreter's single config skips this
-    (the autotuner prunes only lists), which is how BV 32 on dv 16 passed there.
+    wider one overruns into the next rows, and the grid, dv // BV programs a head, would be
+    empty. Fitted here, per dv, not by the autotuner's pruning hook, which Triton skips for a
+    list of one config: the output kernel's single config (9de23db) launched no program at
+    the tests' dv 32 on the GPU and left its output unwritten (docs/perf.md, sixteenth run).
     """
-    dv = {**named_args, **kwargs}["DV"]
-    fitted = {}
-    for c in configs:
-        bv = min(c.kwargs["BV"], dv)
-        fitted.setdefault((bv, c.num_warps, c.num_stages), triton.Config(
-            {"BV": bv}, num_warps=c.num_warps, num_stages=c.num_stages))
-    return list(fitted.values())
+    if INTERPRET:
+        tiles = ((16, 4, 1),)
+    return list(dict.fromkeys((min(bv, dv), warps, stages) for bv, warps, stages in tiles))
+
+
+@cache
+def scan_kernel(dv: int):
+    """The prompt path's scan autotuned over `_SCAN_TILES` fitted to dv."""
+    configs = [triton.Config({"BV": bv}, num_warps=warps, num_stages=stages)
+               for bv, warps, stages in _fitted(_SCAN_TILES, dv)]
+    return triton.autotune(configs, key=["DK", "DV", "GROUP"], restore_value=["states_ptr"],
+                           cache_results=True)(_gdn_chunked_kernel)
 
 
 if triton is not None:
@@ -777,6 +789,7 @@ if triton is not None:
         """Program (chunk block, value head h, dv block), all side by side: the chunk's
         output from the state it starts from (S, stored by the scan) and its delta:
             o = exp(G) (Q S) + (Q K^T o decay) delta"""
+        tl.static_assert(DV % BV == 0, "the state tiles are unmasked: BV must divide DV")
         block, h, vblock = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         nv = tl.num_programs(1)
         seq, t0 = block_of(cu_ptr, block, num_seqs, C)
@@ -807,20 +820,3 @@ if triton is not None:
              + tl.dot(intra, delta, input_precision=PRECISION))
         tl.store(o_ptr + row * stride_ot + h * stride_oh + dv[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=live[:, None])
-
-    # NOTE (sm_90, dk = dv = 128): every load feeds a dot, so stages multiply the shared
-    # memory (the scan: 168 KiB at BV 32, 192 at BV 64, 2 stages each; the output: 113 KiB).
-    # Timed on the H200 over a lone 8K prompt (docs/perf.md, fourteenth run), of 7 scan
-    # configs (BV 16-64, 4 or 8 warps, 1 or 2 stages) and 5 output ones, only these won: the
-    # scan at BV 64 for the 27B (48 heads x 2 programs, one round of the 132 SMs: 752 us;
-    # BV 32 makes two rounds, 1,219) and BV 32 for the 35B (32 heads: 698 us against 759);
-    # the output at BV 64, 4 warps for both (467 and 329 us; the tuner, timing 5 configs
-    # there, took 643-666 and 412 on two runs: one config leaves it nothing to mis-time).
-    _gdn_chunked_kernel = triton.autotune(
-        _configs([(64, 4, 2), (32, 4, 2)]), key=["DK", "DV", "GROUP"],
-        prune_configs_by={"early_config_prune": _fit_dv},
-        restore_value=["states_ptr"], cache_results=True)(_gdn_chunked_kernel)
-    _gdn_chunk_output_kernel = triton.autotune(
-        _configs([(64, 4, 2)]), key=["DK", "DV", "GROUP"],
-        prune_configs_by={"early_config_prune": _fit_dv},
-        cache_results=True)(_gdn_chunk_output_kernel)
