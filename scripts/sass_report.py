@@ -188,38 +188,34 @@ def gemm_variants(tmp: Path) -> None:
 
 MOE_ARGS = ("a", "stride_am", "w", "scale", "aux", "stride_we", "stride_wn", "stride_se",
             "stride_sn", "stride_ae", "stride_an", "out", "stride_om", "sorted_slots",
-            "block_expert", "N", "K", "num_pairs", "top_k", "xo_ptr", "inv_ptr")
+            "block_expert", "N", "K", "num_pairs", "top_k")
 # (weight, scale, aux) pointer types of the grouped GEMM per scheme, as _launch_grouped passes
 MOE_PARTS = {"nvfp4": ("*i32", "*fp8e4nv", "*fp32"), "groupwise-int": ("*i32", "*bf16", "*u8")}
 
 
-def moe_kernel(scheme: str, operand: bool, swiglu: bool, cfg, block_m: int = 64):
+def moe_kernel(scheme: str, swiglu: bool, cfg, block_m: int = 64):
     """The MoE grouped GEMM for sm_90 (gate|up with swiglu, else down) with config `cfg`."""
     mid = moe.NVFP4 if scheme == "nvfp4" else moe.INT4
     layout = ql.LAYOUTS[scheme]
     kw = cfg.kwargs
     sig = dict(zip(MOE_ARGS, ("*bf16", "i32", *MOE_PARTS[scheme], *["i32"] * 6, "*bf16", "i32",
-                              "*i64", "*i64", *["i32"] * 4, "*fp16", "*fp32"), strict=True))
+                              "*i64", "*i64", *["i32"] * 4), strict=True))
     cst = {"SCHEME": mid, "QSCHEME": layout.scheme, "WPS": layout.words_per_scale,
            "SWIGLU": swiglu, "BLOCK_M": block_m, "BLOCK_N": kw["BLOCK_N"],
-           "BLOCK_K": kw["BLOCK_K"], "EVEN_K": True, "DOT_PRECISION": "tf32",
-           "OPERAND": operand, "ASM": True}
+           "BLOCK_K": kw["BLOCK_K"], "EVEN_K": True, "DOT_PRECISION": "tf32"}
     # the JITFunction under the autotuner and the EVEN_K heuristic
     return compile_variant(moe._grouped_gemm_kernel.fn.fn, sig, cst, cfg.num_warps,
                            cfg.num_stages)
 
 
 def moe_variants(tmp: Path, block_m: int = 64) -> None:
-    """The grouped GEMM's loop per config: nvfp4 on fp16 operands (the GPU's path, "f16"), and
-    the bf16 tile decode of nvfp4 (which plain-dtype experts' prompts take) and
-    groupwise-int."""
-    for scheme, operand in (("nvfp4", True), ("nvfp4", False), ("groupwise-int", False)):
+    """The grouped GEMM's loop per config: the tile decode of nvfp4 and groupwise-int."""
+    for scheme in ("nvfp4", "groupwise-int"):
         for swiglu in (True, False):
             for cfg in moe._gemm_configs():
                 kw = cfg.kwargs
-                k = moe_kernel(scheme, operand, swiglu, cfg, block_m)
-                label = (f"moe {scheme}{' f16' if operand else ''} "
-                         f"{'gate|up' if swiglu else 'down'} BM={block_m} "
+                k = moe_kernel(scheme, swiglu, cfg, block_m)
+                label = (f"moe {scheme} {'gate|up' if swiglu else 'down'} BM={block_m} "
                          f"BN={kw['BLOCK_N']} BK={kw['BLOCK_K']} w={cfg.num_warps} "
                          f"s={cfg.num_stages}")
                 tiles = 2 if swiglu else 1

@@ -39,13 +39,9 @@ _CHILD = textwrap.dedent("""
     attn = triton.Config({"BLOCK_N": 64, "PREFETCH": False}, num_warps=8, num_stages=2)
     gemm = triton.Config({"BM": 128, "BN": 128, "BK": 128, "GROUP_M": 8}, num_warps=8,
                          num_stages=3)
-    grouped = triton.Config({"BLOCK_N": 128, "BLOCK_K": 128}, num_warps=8, num_stages=3)
     out = {"attention": loops(sr.attention_kernel(128, 8, 1, attn))}
     for operand in (True, False):
         out[f"dense {operand}"] = loops(sr.gemm_kernel("nvfp4", operand, gemm))
-        for swiglu in (True, False):
-            out[f"moe {swiglu} {operand}"] = loops(sr.moe_kernel("nvfp4", operand, swiglu,
-                                                                 grouped))
     for place in (True, False):
         out[f"align {place}"] = loops(sr.align_kernel(place))
     print(json.dumps(out))
@@ -73,14 +69,11 @@ def test_int8_prompt_attention_converts_no_code_and_masks_only_the_diagonal(loop
     assert whole["F2FP"] <= 16  # P's conversion only, no K/V element's
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe True", "moe False"])
-def test_nvfp4_prompt_gemms_on_fp16_operands_multiply_no_weight_in_fp32(loops, kind: str
-                                                                        ) -> None:
-    """The K loop of the prefill GEMM (BM 128, BN 128, 8 warps) and of the grouped GEMM's
-    gate|up and down (64-row blocks, BN 128, 8 warps): on fp16 operands no FMUL or I2F and an
-    F2FP per block scale pair (the e4m3 -> f16x2 cvt), where the bf16 tile decode has an FMUL
-    per weight and an F2FP per two; a third fewer instructions at least."""
-    (fp16_n, fp16), (bf16_n, bf16) = (loops[f"{kind} {operand}"][0] for operand in (True, False))
+def test_nvfp4_prompt_gemms_on_fp16_operands_multiply_no_weight_in_fp32(loops) -> None:
+    """The K loop of the prefill GEMM (BM 128, BN 128, 8 warps): on fp16 operands no FMUL or
+    I2F and an F2FP per block scale pair (the e4m3 -> f16x2 cvt), where the bf16 tile decode
+    has an FMUL per weight and an F2FP per two; a third fewer instructions at least."""
+    (fp16_n, fp16), (bf16_n, bf16) = (loops[f"dense {operand}"][0] for operand in (True, False))
     assert fp16["FMUL"] == fp16["I2F"] == 0 < bf16["FMUL"]
     assert 4 * fp16["F2FP"] <= bf16["F2FP"]
     assert fp16_n < 2 / 3 * bf16_n

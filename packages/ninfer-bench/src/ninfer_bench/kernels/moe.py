@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from ninfer_bench.kernels.linear import bf16_tile_decode
 from ninfer_runtime.ops.moe import (
     _launch_moe_dequantized,
     _launch_moe_experts,
@@ -60,20 +59,11 @@ def _dequantized_triton(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeig
                                *routing)
 
 
-def _bf16_tile_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight,
-                      *routing: torch.Tensor) -> torch.Tensor:
-    """The in-register path with nvfp4 tiles decoded to bf16, as before its fp16 operands."""
-    with bf16_tile_decode():
-        return _launch_moe_experts(x, gate_up, down, *routing)
-
-
 # the prompt paths themselves, whichever moe_experts would pick
 PROMPT_PATHS = {"in registers": _launch_moe_experts, "dequantized": _launch_moe_dequantized,
-                "dequantized, Triton GEMM": _dequantized_triton,
-                "in registers, bf16 tile decode": _bf16_tile_decode}
-# the paths timed per scheme (the bf16 tile decode differs from "in registers" for nvfp4 only)
-SCHEME_PATHS = {"nvfp4": tuple(PROMPT_PATHS),
-                "groupwise-int": ("in registers", "dequantized", "dequantized, Triton GEMM"),
+                "dequantized, Triton GEMM": _dequantized_triton}
+# the paths timed per scheme
+SCHEME_PATHS = {"nvfp4": tuple(PROMPT_PATHS), "groupwise-int": tuple(PROMPT_PATHS),
                 "bf16": ("in registers", "dequantized")}
 SCHEMES = tuple(SCHEME_PATHS)  # the engine's default format first
 ROUTINGS = 16  # routing draws rotated through by consecutive timed calls

@@ -32,11 +32,10 @@ Each op has a torch reference (`*_ref`, the oracle and the CPU path) and a Trito
     then two grouped GEMMs (`_grouped_gemm_kernel`) run over the blocks: gate|up with
     SiLU-and-mul fused into the epilogue (-> hidden [padded rows, I]), then down (-> one row
     per (token, slot)). Both read the stacked expert weights [E, N, K] as stored (bf16,
-    nvfp4 or groupwise-int), dequantizing packed tiles in registers once per block. nvfp4
-    experts with half activations run on fp16 operands as ops.quant_linear's prefill GEMM
-    does (`operand_tile`, the decode GEMV's PTX decoders, against row operands of x, then of
-    hidden, `gemm_operand`): sm_90 SASS (Triton 3.6, 64-row blocks, BN 128, 8 warps) ~3.7
-    instructions a weight against 6.2 for the bf16 tile decode that other experts take.
+    nvfp4 or groupwise-int), dequantizing packed tiles in registers once per block (the
+    dense prompt GEMM's tile decode to the activations' type; its fp16-operand path lost
+    here: 665 against 595 us for a 35B layer's 1,024-token chunk, even at 4,096-8,192,
+    docs/perf.md, sixteenth run).
   - dequantized (`_launch_moe_dequantized`), bf16 prompts of at least DEQUANT_MIN_ROWS pairs
     per expert on a GPU where torch's grouped GEMM runs (CUTLASS, `_grouped_mm_runs`; a CUDA
     graph's verify step has far fewer): each stacked weight (bf16 experts as they are) is
@@ -400,14 +399,12 @@ def _launch_align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignmen
 
 
 def _launch_grouped(a: torch.Tensor, w: _Experts, out: torch.Tensor, al: Alignment,
-                    pairs: int, top_k: int, swiglu: bool,
-                    operand: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                    pairs: int, top_k: int, swiglu: bool) -> None:
     """One grouped GEMM over the aligned blocks.
 
     swiglu: a = x [T, K] gathered by token, out = hidden [padded rows, N] with N = I, the
     weight's rows [0, I) gate and [I, 2I) up. Otherwise: a = hidden [padded rows, K], out =
-    [T * k, N] scattered by pair. operand: a's `quant_linear.gemm_operand` (nvfp4 weights),
-    read instead of a.
+    [T * k, N] scattered by pair.
     """
     _, n_rows, k = w.shape
     n = n_rows // 2 if swiglu else n_rows
@@ -420,7 +417,6 @@ def _launch_grouped(a: torch.Tensor, w: _Experts, out: torch.Tensor, al: Alignme
         weight, qscheme, wps = w.weight.view(torch.int32), layout.scheme, layout.words_per_scale
         if w.scheme == NVFP4:
             scale = w.scale.view(torch.float8_e4m3fn)
-    xo, inv = operand if operand is not None else (a, a)
 
     def grid(meta: dict) -> tuple[int, int]:
         return num_blocks, triton.cdiv(n, meta["BLOCK_N"])
@@ -428,10 +424,9 @@ def _launch_grouped(a: torch.Tensor, w: _Experts, out: torch.Tensor, al: Alignme
     _grouped_gemm_kernel[grid](
         a, a.stride(0), weight, scale, w.aux, weight.stride(0), weight.stride(1),
         scale.stride(0), scale.stride(1), w.aux.stride(0), w.aux.stride(1),
-        out, out.stride(0), al.sorted_slots, al.block_expert, n, k, pairs, top_k, xo, inv,
+        out, out.stride(0), al.sorted_slots, al.block_expert, n, k, pairs, top_k,
         SCHEME=w.scheme, QSCHEME=qscheme, WPS=wps, SWIGLU=swiglu, BLOCK_M=al.block_m,
-        DOT_PRECISION=dot_precision(a.dtype), OPERAND=operand is not None,
-        ASM=quant_linear.DECODE_ASM and not INTERPRET)
+        DOT_PRECISION=dot_precision(a.dtype))
 
 
 def _launch_moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeight,
@@ -443,14 +438,10 @@ def _launch_moe_experts(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeig
     pairs = t * top_k
     al = align(ids.to(torch.int64).contiguous(), num_experts,
                grouped_block_m(pairs, num_experts))
-    f16 = quant_linear.fp16_operands(x, gu.scheme == dn.scheme == NVFP4, gu.shape[2],
-                                     dn.shape[2])
     hidden = torch.empty((al.sorted_slots.shape[0], inter), dtype=x.dtype, device=x.device)
-    _launch_grouped(x, gu, hidden, al, pairs, top_k, swiglu=True,
-                    operand=quant_linear.gemm_operand(x) if f16 else None)
+    _launch_grouped(x, gu, hidden, al, pairs, top_k, swiglu=True)
     y = torch.empty((pairs, h), dtype=x.dtype, device=x.device)
-    _launch_grouped(hidden, dn, y, al, pairs, top_k, swiglu=False,
-                    operand=quant_linear.gemm_operand(hidden) if f16 else None)
+    _launch_grouped(hidden, dn, y, al, pairs, top_k, swiglu=False)
     return _combine(y, weights)
 
 
@@ -643,7 +634,7 @@ def _gemm_configs() -> list[triton.Config]:
     compiled per key): narrow N tiles spread a short prompt's experts over more programs,
     wide ones with 8 warps suit the 64-row blocks of long prompts.
     """
-    bk = quant_linear.OPERAND_BLOCK_K  # the fp16 path's operand tile
+    bk = quant_linear.OPERAND_BLOCK_K
     if INTERPRET:
         return [triton.Config({"BLOCK_N": 32, "BLOCK_K": bk}, num_warps=4, num_stages=1)]
     shapes = [(64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 8, 4)]
@@ -657,7 +648,6 @@ if triton is not None:
     from ninfer_runtime.ops.launch import prefetch_to_l2, wait_for_inputs
     from ninfer_runtime.ops.quant_decode import store_operand_group
     from ninfer_runtime.ops.quant_linear import (
-        _NV_F16_OUT,
         _NV_FMA_SCALE,
         _NV_FMA_X,
         _NV_OUT,
@@ -668,7 +658,6 @@ if triton is not None:
         _weight_tile,
         decode_result,
         decode_tile,
-        operand_tile,
         sum_parts,
     )
     from ninfer_runtime.ops.skinny_linear import skinny_part, write_operand
@@ -907,26 +896,22 @@ if triton is not None:
         return acc
 
     @triton.autotune(configs=_gemm_configs(),
-                     key=["N", "K", "SCHEME", "SWIGLU", "BLOCK_M", "OPERAND"], cache_results=True)
+                     key=["N", "K", "SCHEME", "SWIGLU", "BLOCK_M"], cache_results=True)
     @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
     @triton.jit
     def _grouped_gemm_kernel(
         a, stride_am, w, scale, aux, stride_we, stride_wn, stride_se, stride_sn,
         stride_ae, stride_an, out, stride_om, sorted_slots, block_expert, N, K, num_pairs,
-        top_k, xo_ptr, inv_ptr,
+        top_k,
         SCHEME: tl.constexpr, QSCHEME: tl.constexpr, WPS: tl.constexpr, SWIGLU: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, OPERAND: tl.constexpr,
-        ASM: tl.constexpr,
+        EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ):
         """Program (block, N tile): the block's rows times its expert's weight rows.
 
         SWIGLU: rows of a are tokens (pair // top_k); the gate and up accumulators meet in
         silu(gate) * up, stored at the block's padded rows. Otherwise rows of a are the
         padded rows and each result row goes to its pair's row (`_combine` weights it).
-        OPERAND (nvfp4, whole K tiles): a's rows are read from its fp16 operand xo_ptr,
-        inv_ptr (`quant_linear.gemm_operand`) and the weights decoded into fp16
-        (`quant_linear.operand_tile`).
         """
         pid_m = tl.program_id(0)
         e = tl.load(block_expert + pid_m)
@@ -940,38 +925,25 @@ if triton is not None:
         col_mask = cols < N
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        x_base = xo_ptr + a_rows[:, None] * K if OPERAND else a + a_rows[:, None] * stride_am
+        x_base = a + a_rows[:, None] * stride_am
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             x_mask = valid[:, None] if EVEN_K else valid[:, None] & (ks < K)[None, :]
             x = tl.load(x_base + ks[None, :], mask=x_mask, other=0.0)
-            if OPERAND:
-                gate = operand_tile(w + e * stride_we, scale + e * stride_se, cols, col_mask,
-                                    k0, stride_wn, stride_sn, BLOCK_K, ASM)
-            else:
-                gate = _expert_tile(w, scale, aux, e, cols, col_mask, k0, K, stride_we,
-                                    stride_wn, stride_se, stride_sn, stride_ae, SCHEME,
-                                    QSCHEME, WPS, BLOCK_K, EVEN_K, a.dtype.element_ty)
+            gate = _expert_tile(w, scale, aux, e, cols, col_mask, k0, K, stride_we, stride_wn,
+                                stride_se, stride_sn, stride_ae, SCHEME, QSCHEME, WPS, BLOCK_K,
+                                EVEN_K, a.dtype.element_ty)
             acc = tl.dot(x, tl.trans(gate), acc, input_precision=DOT_PRECISION)
             if SWIGLU:
-                if OPERAND:
-                    up = operand_tile(w + e * stride_we, scale + e * stride_se, cols + N,
-                                      col_mask, k0, stride_wn, stride_sn, BLOCK_K, ASM)
-                else:
-                    up = _expert_tile(w, scale, aux, e, cols + N, col_mask, k0, K, stride_we,
-                                      stride_wn, stride_se, stride_sn, stride_ae, SCHEME,
-                                      QSCHEME, WPS, BLOCK_K, EVEN_K, a.dtype.element_ty)
+                up = _expert_tile(w, scale, aux, e, cols + N, col_mask, k0, K, stride_we,
+                                  stride_wn, stride_se, stride_sn, stride_ae, SCHEME, QSCHEME,
+                                  WPS, BLOCK_K, EVEN_K, a.dtype.element_ty)
                 acc_up = tl.dot(x, tl.trans(up), acc_up, input_precision=DOT_PRECISION)
-        factor: tl.constexpr = _NV_F16_OUT if OPERAND else _NV_OUT
-        if OPERAND:  # the rows' operand scales
-            row_inv = tl.load(inv_ptr + a_rows, mask=valid, other=0.0)[:, None]
-            acc = acc * row_inv
-            acc_up = acc_up * row_inv
-        acc = _global_scale(acc, aux, e, cols, col_mask, stride_ae, stride_an, SCHEME, factor)
+        acc = _global_scale(acc, aux, e, cols, col_mask, stride_ae, stride_an, SCHEME, _NV_OUT)
         store_mask = valid[:, None] & col_mask[None, :]
         if SWIGLU:
             up = _global_scale(acc_up, aux, e, cols + N, col_mask, stride_ae, stride_an,
-                               SCHEME, factor)
+                               SCHEME, _NV_OUT)
             h = acc / (1.0 + tl.exp(-acc)) * up
             tl.store(out + padded[:, None] * stride_om + cols[None, :],
                      h.to(out.dtype.element_ty), mask=store_mask)
