@@ -458,6 +458,18 @@ def test_the_gdn_norm_hands_out_proj_the_operand_of_a_decode_gemv_only() -> None
         assert operand is None and torch.equal(out, gated_rms_norm(*args[:3], 1e-6))
 
 
+def equal_on_the_gpu(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Bit for bit on the GPU; to half rounding under the interpreter, whose fp32 dots are
+    numpy's BLAS: there a sum can depend on its column's place in the tile (OpenBLAS on an AMD
+    EPYC: a gate or up value an ulp off), and the fused gate|up GEMV places gate and up rows
+    otherwise than the plain one."""
+    if DEVICE == "cuda":
+        assert torch.equal(actual, expected)
+    else:
+        torch.testing.assert_close(actual, expected, rtol=0,
+                                   atol=4e-3 * expected.abs().max().item())
+
+
 @pytest.mark.parametrize(("scheme", "inter", "m"), [("nvfp4", 320, 1), ("nvfp4", 512, 3),
                                                     ("groupwise-int", 384, 2)])
 def test_the_gate_up_gemv_hands_the_down_gemv_its_operand(scheme: str, inter: int,
@@ -473,12 +485,13 @@ def test_the_gate_up_gemv_hands_the_down_gemv_its_operand(scheme: str, inter: in
     fused = swiglu_with_operand(x, gate_up, spec)
     assert fused is not None
     hidden, operand = fused
-    assert torch.equal(hidden, silu_and_mul(linear(x, gate_up)))
+    equal_on_the_gpu(hidden, silu_and_mul(linear(x, gate_up)))
     expect = quant_linear.activation_operands(hidden, *spec)
     assert torch.equal(operand.xo, expect.xo) and torch.equal(operand.inv, expect.inv)
     assert not spec[1] or torch.equal(operand.xsum, expect.xsum)
     assert not quant_linear.tile_counters(x.device, 1).any()
-    assert torch.equal(linear(hidden, down, operand), silu_mul_linear(linear(x, gate_up), down))
+    assert torch.equal(linear(hidden, down, operand), linear(hidden, down))
+    equal_on_the_gpu(linear(hidden, down), silu_mul_linear(linear(x, gate_up), down))
     plain = rand(2 * inter, 256, dtype=HALF)
     for args in ((x, plain, spec), (x, gate_up, None),
                  (rand(quant_linear.SKINNY_MAX_M + 1, 256, dtype=HALF), gate_up, spec)):
