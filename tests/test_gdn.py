@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -83,8 +85,11 @@ def test_zero_initial_state_is_the_default(inputs: dict[str, torch.Tensor]) -> N
 
 def test_matches_transformers_reference(inputs: dict[str, torch.Tensor],
                                         recurrent: tuple) -> None:
-    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+    from transformers.models.qwen3_5 import modeling_qwen3_5
 
+    # the torch function itself: where fla is installed, transformers wraps it to dispatch to
+    # fla's Triton kernel, which refuses CPU tensors (the GPU image has fla beside transformers)
+    torch_chunk_gated_delta_rule = inspect.unwrap(modeling_qwen3_5.torch_chunk_gated_delta_rule)
     # q/k expanded to the value heads here: older transformers (5.17) does not expand them
     q, k = (inputs[n].repeat_interleave(NV // NK, dim=1)[None] for n in ("q", "k"))
     out, state = torch_chunk_gated_delta_rule(
