@@ -76,10 +76,10 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
                 --spec dflash --draft-tokens 7 --lm-head-draft ;;
     eng35) engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 ;;  # a fresh start-up takes >200 s
     eng35q) engine 200 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown ;;
-    eng35pg) engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --prompt-graphs \
-               --output "$out/prompt-graphs" ;;
-    eng27pg) engine 240 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown --prompt-graphs \
-               --output "$out/prompt-graphs" ;;
+    eng35eager) engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-prompt-graphs \
+                  --output "$out/eager-prompts" ;;
+    eng27eager) engine 240 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown --no-prompt-graphs \
+                  --output "$out/eager-prompts" ;;
     eng27one) engine 300 qwen3_6_27b_nvfp4 --concurrency 1 $ONE_STEP --output "$out/one-step" ;;
     eng35one) engine 420 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 $ONE_STEP --output "$out/one-step" ;;
     mtp35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \

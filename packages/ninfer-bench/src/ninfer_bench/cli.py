@@ -97,7 +97,7 @@ def _ints(_: click.Context, __: click.Parameter, value: str) -> list[int]:
 @click.option("--max-batched-tokens", default=None, type=int,
               help="Tokens per step over every request (the engine's default if not given).")
 @click.option("--no-cuda-graph", "no_cuda_graph", is_flag=True)
-@click.option("--prompt-graphs", is_flag=True,
+@click.option("--prompt-graphs/--no-prompt-graphs", default=True, show_default=True,
               help="Replay lone short prompt chunks as CUDA graphs (the engine's flag).")
 @click.option("--no-overlap-decode", "no_overlap_decode", is_flag=True,
               help="Read each decode step's tokens before launching the next.")

@@ -100,10 +100,10 @@ def _default_device() -> str:
               f"{DEFAULT_MODEL_NAME!r}.")
 @click.option("--no-cuda-graph", "no_cuda_graph", is_flag=True,
               help="Launch decode steps kernel by kernel instead of replaying CUDA graphs.")
-@click.option("--prompt-graphs", is_flag=True,
-              help="Also replay a step of one prompt chunk of at most 2,048 tokens alone (a "
-              "long prompt prefilling by itself) as a CUDA graph: for hosts whose kernel "
-              "launches outlast short chunks' kernels.")
+@click.option("--prompt-graphs/--no-prompt-graphs", default=True, show_default=True,
+              help="With CUDA graphs, also replay a step of one prompt chunk of at most 2,048 "
+              "tokens alone (a long prompt prefilling by itself) as a graph: short chunks' "
+              "kernel launches outlast their kernels on most hosts.")
 @click.option("--no-overlap-decode", "no_overlap_decode", is_flag=True,
               help="Read each decode step's tokens before launching the next (by default the "
               "next step is launched first, so the GPU does not wait for the host).")

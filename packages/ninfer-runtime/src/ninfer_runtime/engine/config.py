@@ -30,8 +30,9 @@ class EngineConfig:
     page_size: int = 64  # tokens per KV page
     cuda_graphs: bool = True  # replay decode steps as CUDA graphs (GPU only)
     # with cuda_graphs, also a step of one short prompt chunk alone (engine.device_setup.
-    # graph_shapes); opt-in until a GPU run has timed it (docs/perf.md, fifteenth run)
-    prompt_graphs: bool = False
+    # graph_shapes): the 35B's 8K prompt in 1,024-token chunks 17.5k -> 26.7k tok/s on an H100,
+    # the same tokens (docs/perf.md, seventeenth run)
+    prompt_graphs: bool = True
     # launch a plain decode step before the previous one's tokens are read (engine.Engine.step)
     overlap_decode: bool = True
     spec: SpecMethod = "none"  # speculative decoding: the proposer of draft tokens
