@@ -13,7 +13,7 @@ demo: $(STAMP)  # ninfer-serve on the embedded default model; DEMO_ARGS go to ni
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check packages tests scripts
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 --dist worksteal -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check packages tests scripts

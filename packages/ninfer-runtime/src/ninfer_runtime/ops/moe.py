@@ -561,7 +561,7 @@ def _stage_candidates(n: int, k: int, scheme: int, swiglu: bool) -> list[_StageP
     dense = quant_linear.DECODE_CONFIGS[_DECODE_LAYOUTS[scheme].scheme][0]
     bk, stages = dense.bk, dense.stages
     if INTERPRET:
-        return [_StagePlan(quant_linear.DecodeConfig(32 if swiglu else 64, bk, 4, 1), 2)]
+        return [_StagePlan(quant_linear.DecodeConfig(64 if swiglu else 128, bk, 4, 1, 2), 2)]
     widths = (32, 64) if swiglu else (64, 128)
     k_tiles = triton.cdiv(k, bk)
     return [_StagePlan(quant_linear.DecodeConfig(bn, bk, 4, stages, dots), splits)
@@ -634,9 +634,9 @@ def _gemm_configs() -> list[triton.Config]:
     compiled per key): narrow N tiles spread a short prompt's experts over more programs,
     wide ones with 8 warps suit the 64-row blocks of long prompts.
     """
-    bk = quant_linear.OPERAND_BLOCK_K
+    bk = quant_linear.GROUP_BK
     if INTERPRET:
-        return [triton.Config({"BLOCK_N": 32, "BLOCK_K": bk}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BLOCK_N": 64, "BLOCK_K": bk}, num_warps=4, num_stages=1)]
     shapes = [(64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 8, 4)]
     return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
             for bn, w, s in shapes]
@@ -1219,7 +1219,7 @@ if triton is not None:
         spills at BK >= 256 with 8 slots a tile: (16, 128, 8) is there for it.
         """
         if INTERPRET:
-            options = [(64, 128, 4)]
+            options = [(128, 128, 4)]
         else:
             options = [(16, 256, 4), (16, 512, 4), (32, 256, 4), (16, 512, 8), (32, 512, 8),
                        (16, 128, 8)]

@@ -92,9 +92,9 @@ except ImportError:  # CPU-only install: linear() runs the reference
 
 SKINNY_MAX_M = 16  # up to here the decode kernel, above it the tiled GEMM
 DEQUANT_MIN_M = 512  # from here dequantize once and call cuBLAS (_dequant_kernel)
-# nvfp4 prompt GEMMs (this module's and ops.moe's grouped one) on fp16 operands in K tiles of
-# OPERAND_BLOCK_K inputs (module docstring); off: the fp32 decoder's bf16 tile, as other
-# weights take (ninfer-bench kernels times both)
+# this module's nvfp4 prompt GEMM on fp16 operands in K tiles of OPERAND_BLOCK_K inputs (module
+# docstring); off: the fp32 decoder's bf16 tile, as other weights take (ninfer-bench kernels
+# times both; ops.moe's grouped GEMM keeps the tile, docs/perf.md, sixteenth run)
 OPERAND_BLOCK_K = 128
 PROMPT_FP16_OPERANDS = True
 # nvfp4 global-scale runs given one cuBLAS GEMM each (a fused weight has up to 4 sources);
@@ -111,7 +111,7 @@ SPLIT_TARGETS = (4, 16)
 DECODE_TUNING = True  # False: the first config and split target, untimed (tests)
 _MAX_SPLITS = 16
 _SPLIT_GRANULE = 256  # K chunks are whole multiples of every decode config's BK
-_GROUP_BK = 128  # groupwise-int: the decode kernel's K tile is one quantization group
+GROUP_BK = 128  # one groupwise-int quantization group: the K tile of its decode and GEMMs
 
 
 def decode_rows(m: int) -> int:
@@ -267,7 +267,7 @@ def dequantize_operand(ops: _Operands, dtype: torch.dtype, global_scale: bool = 
     instead, the exact product rounded once: PackedWeight.dequantize(dtype)'s bits."""
     n, k = ops.words.shape[0], ops.words.shape[1] * 8
     w = torch.empty((n, k), dtype=dtype, device=ops.words.device)
-    bn, bk = (64, 256) if ops.layout.scheme == _NVFP4_ID else (64, _GROUP_BK)
+    bn, bk = (64, 256) if ops.layout.scheme == _NVFP4_ID else (64, GROUP_BK)
     _dequant_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
         ops.words, ops.scale, ops.zero, ops.gscale, w, n, k, ops.words.stride(0),
         ops.scale.stride(0), SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale,
@@ -392,11 +392,13 @@ DECODE_CONFIGS = {
     _NVFP4_ID: [DecodeConfig(bn, bk, w, s, d) for bn, bk, w, s, d in (
         (128, 256, 4, 3, 8), (128, 256, 4, 2, 8), (128, 256, 4, 3, 2), (64, 256, 4, 4, 4),
         (64, 256, 4, 4, 8))],
-    _INT_ID: [DecodeConfig(bn, _GROUP_BK, w, s, d) for bn, w, s, d in (
+    _INT_ID: [DecodeConfig(bn, GROUP_BK, w, s, d) for bn, w, s, d in (
         (128, 4, 4, 2), (128, 4, 3, 2), (64, 4, 4, 2), (64, 4, 3, 2))],
 }
-_INTERPRETER_CONFIGS = {_NVFP4_ID: DecodeConfig(32, 256, 4, 1),
-                        _INT_ID: DecodeConfig(32, _GROUP_BK, 4, 1)}
+# the interpreter's cost grows with programs and ops a program: wide tiles and 2 dots (the
+# engine tests' tiny models in half the time; their weights still span several tiles)
+_INTERPRETER_CONFIGS = {_NVFP4_ID: DecodeConfig(64, 256, 4, 1, 2),
+                        _INT_ID: DecodeConfig(64, GROUP_BK, 4, 1, 2)}
 # every decode config of a scheme has the same BK, so an activation operand made before the
 # tuner picks one (ops.norm) fits whichever it picks
 _OPERAND_GROUPS = {scheme: bk for scheme, configs in DECODE_CONFIGS.items()
@@ -670,7 +672,7 @@ if triton is not None:
     # the fp16 decode operands' offsets (quant_decode)
     _NV_F16_OUT = tl.constexpr(2.0**NV_F16_EXP)
     _INT_F16_BIAS = tl.constexpr(INT_F16_BIAS)
-    _GROUP_BK_C = tl.constexpr(_GROUP_BK)
+    _GROUP_BK_C = tl.constexpr(GROUP_BK)
     # K parts the last program of a row tile loads at once: each round is an L2 round trip at
     # the end of the kernel, where nothing hides it (a 14-way split took 4 rounds at 4)
     _PARTS_IN_FLIGHT = tl.constexpr(8)
@@ -1089,7 +1091,7 @@ if triton is not None:
     # one tuner for both paths: the fp16-operand path's operand is laid out in K tiles of
     # OPERAND_BLOCK_K, so every config (the interpreter's too) takes that BK
     _gemm = triton.autotune(
-        _configs(_GEMM_SPACE, ({"BM": 32, "BN": 32, "BK": OPERAND_BLOCK_K, "GROUP_M": 2}, 4, 1)),
+        _configs(_GEMM_SPACE, ({"BM": 32, "BN": 64, "BK": OPERAND_BLOCK_K, "GROUP_M": 2}, 4, 1)),
         key=["m_bucket", "N", "K", "SCHEME", "OPERAND"], do_bench=_graph_bench,
         cache_results=True)(triton.heuristics({"EVEN_K": _even_k})(_gemm_kernel))
     assert all(c.bk <= _SPLIT_GRANULE and _SPLIT_GRANULE % c.bk == 0
