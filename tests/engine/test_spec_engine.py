@@ -594,3 +594,22 @@ def test_verify_steps_run_through_the_target_graph_buffers(spec_model: Callable)
     run = drain(eng, reqs)
     assert run.tokens == drain(make_engine(loaded, kv_dtype="bf16"), reqs).tokens
     assert {n for _, n in replays} >= {4 * (k + 1), k + 1}  # all four, and the last alone
+
+
+def test_a_lone_prompt_replays_its_chunk_graphs_beside_mtp(spec_model: Callable) -> None:
+    """A prompt prefilling alone in chunks of 16 replays the target's prompt-chunk graphs
+    (uncaptured on the CPU) with MTP on, whose draft head reads every row's hidden state from
+    the graph's buffers: 40 tokens = 2 chunks through the graph + 8 eagerly, and the tokens of
+    plain decoding."""
+    from ninfer_runtime.engine.device_setup import step_graphs
+
+    loaded = spec_model("dense")
+    reqs = [request("long", prompt(40, 3), greedy(6))]
+    eng = make_engine(loaded, kv_dtype="bf16", spec="mtp", draft_tokens=3, max_concurrency=1)
+    eng.graphs = step_graphs(loaded.model, eng.caches, eng.config, capture=False)
+    replays = count_replays(step=eng.graphs)
+    run = drain(eng, reqs)
+    assert run.tokens == drain(make_engine(loaded, kv_dtype="bf16", max_concurrency=1),
+                               reqs).tokens
+    assert replays[("step", 16)] == 2
+
