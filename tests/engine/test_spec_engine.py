@@ -612,4 +612,3 @@ def test_a_lone_prompt_replays_its_chunk_graphs_beside_mtp(spec_model: Callable)
     assert run.tokens == drain(make_engine(loaded, kv_dtype="bf16", max_concurrency=1),
                                reqs).tokens
     assert replays[("step", 16)] == 2
-
