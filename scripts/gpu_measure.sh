@@ -58,14 +58,10 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
     eng27c1) engine 240 qwen3_6_27b_nvfp4 --concurrency 1 ;;
     eng27q) engine 180 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown ;;
     eng27int) engine 150 qwen3_6_27b_groupwise-int --concurrency 1 --no-breakdown ;;
-    eng27nopdl) NINFER_PDL=0 engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
-                  --output "$out/nopdl" ;;
-    eng35nopdl) NINFER_PDL=0 engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
-                  --output "$out/nopdl" ;;
-    # the kernel breakdown without PDL: a PDL kernel's profiled time can include its wait for the
-    # kernel before it, so the breakdowns of the runs with PDL may overstate the waiting kernels
-    eng35bd) NINFER_PDL=0 engine 240 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --output "$out/nopdl" ;;
-    eng27bd) NINFER_PDL=0 engine 240 qwen3_6_27b_nvfp4 --concurrency 1 --output "$out/nopdl" ;;
+    # without PDL, with the kernel breakdown: a PDL kernel's profiled time can include its wait
+    # for the kernel before it, so the breakdowns of the runs with PDL may overstate the waiters
+    eng27nopdl) NINFER_PDL=0 engine 240 qwen3_6_27b_nvfp4 --concurrency 1 --output "$out/nopdl" ;;
+    eng35nopdl) NINFER_PDL=0 engine 240 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --output "$out/nopdl" ;;
     eng27sync) engine 150 qwen3_6_27b_nvfp4 --concurrency 1,8 --no-breakdown --no-overlap-decode \
                  --output "$out/sync" ;;
     eng35sync) engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 --no-breakdown \

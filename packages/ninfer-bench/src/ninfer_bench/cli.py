@@ -16,6 +16,7 @@ import click
 
 from ninfer_bench.commands import COMMANDS
 from ninfer_bench.machine import commit as _commit
+from ninfer_runtime.engine.config import EngineConfig
 
 
 @click.group()
@@ -97,7 +98,8 @@ def _ints(_: click.Context, __: click.Parameter, value: str) -> list[int]:
 @click.option("--max-batched-tokens", default=None, type=int,
               help="Tokens per step over every request (the engine's default if not given).")
 @click.option("--no-cuda-graph", "no_cuda_graph", is_flag=True)
-@click.option("--prompt-graphs/--no-prompt-graphs", default=True, show_default=True,
+@click.option("--prompt-graphs/--no-prompt-graphs", default=EngineConfig.prompt_graphs,
+              show_default=True,
               help="Replay lone short prompt chunks as CUDA graphs (the engine's flag).")
 @click.option("--no-overlap-decode", "no_overlap_decode", is_flag=True,
               help="Read each decode step's tokens before launching the next.")

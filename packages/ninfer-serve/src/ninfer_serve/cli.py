@@ -100,7 +100,7 @@ def _default_device() -> str:
               f"{DEFAULT_MODEL_NAME!r}.")
 @click.option("--no-cuda-graph", "no_cuda_graph", is_flag=True,
               help="Launch decode steps kernel by kernel instead of replaying CUDA graphs.")
-@click.option("--prompt-graphs/--no-prompt-graphs", default=True, show_default=True,
+@click.option("--prompt-graphs/--no-prompt-graphs", default=EngineConfig.prompt_graphs,
               help="With CUDA graphs, also replay a step of one prompt chunk of at most 2,048 "
               "tokens alone (a long prompt prefilling by itself) as a graph, which spares the "
               "host one launch a kernel (the 35B's 1,024-token chunks: 1.53x on an H100).")
