@@ -384,12 +384,13 @@ def _launch_align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignmen
     sweeps = {"EXPERTS": experts, "CHUNK": 32, "num_warps": 4}  # every align kernel's
     one_program = n <= ALIGN_ONE_PROGRAM_MAX
     spans = 1 if one_program else triton.cdiv(n, ALIGN_SPAN)
-    # each span's expert counts, then each program's row cursors (`_place_pairs`)
-    counts, cursors = torch.empty((2, spans, experts), dtype=torch.int32, device=flat.device)
+    # each program's row cursors (`_place_pairs`)
+    cursors = torch.empty((spans, experts), dtype=torch.int32, device=flat.device)
     if one_program:
         _align_kernel[(1,)](flat, sorted_slots, block_expert, cursors, n, num_blocks,
                             BLOCK_M=block_m, FILL=_ALIGN_FILL, **sweeps)
         return Alignment(sorted_slots, block_expert, block_m)
+    counts = torch.empty((spans, experts), dtype=torch.int32, device=flat.device)  # per span
     _align_count_kernel[(spans,)](flat, counts, sorted_slots, n, sorted_slots.shape[0],
                                   SPAN=ALIGN_SPAN, FILL=_ALIGN_FILL, **sweeps)
     _align_place_kernel[(spans,)](flat, sorted_slots, block_expert, counts, cursors, n,
