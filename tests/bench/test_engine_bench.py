@@ -209,3 +209,22 @@ def test_tuned_choices_name_each_plan_and_config(monkeypatch: pytest.MonkeyPatch
                                "QUANT True, NUM_SPLITS 64, CAUSAL True, HAS_WINDOW False, "
                                "ASM True: ")
     assert "PREFETCH: True" in lines[2] and len(lines) == 3
+
+
+def test_the_kernel_breakdown_counts_each_kernels_launches() -> None:
+    """Per kernel name: the CUDA time summed, the launches counted (host events left out),
+    and the markdown shows the time a launch."""
+    import torch
+
+    from ninfer_bench.engine_bench import by_kernel, markdown
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [SimpleNamespace(name=n, device_type=d, device_time=t) for n, d, t in [
+        ("_decode_kernel", cuda, 10.0), ("_router_kernel", cuda, 3.0),
+        ("_decode_kernel", cuda, 14.0), ("aten::empty", cpu, 99.0)]]
+    rows = by_kernel(SimpleNamespace(events=lambda: events))
+    assert rows == [("_decode_kernel", 24.0, 2), ("_router_kernel", 3.0, 1)]
+    text = markdown({"artifact": "a", "spec": "none", "startup_s": 1.0, "rows": [],
+                     "breakdown": {"eager decode step ctx8_c1": rows}})
+    assert "27 us of kernels in 3 launches" in text
+    assert "| `_decode_kernel` | 24.0 | 88.9% | 2 | 12.00 |" in text

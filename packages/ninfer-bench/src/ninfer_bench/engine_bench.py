@@ -311,8 +311,10 @@ def graph_replay_ms(engine: Engine, concurrency: int, times: int = 50) -> float 
     return start.elapsed_time(end) / times
 
 
-def kernel_breakdown(engine: Engine, length: int, concurrency: int) -> list[tuple[str, float]]:
-    """CUDA time (us) per kernel name of one eager decode step of `concurrency` requests."""
+def kernel_breakdown(engine: Engine, length: int, concurrency: int
+                     ) -> list[tuple[str, float, int]]:
+    """CUDA time (us) and launches per kernel name of one eager decode step of `concurrency`
+    requests (`by_kernel`)."""
     from torch.profiler import ProfilerActivity, profile
 
     _start_decoding(engine, "profile", length, concurrency, _room(engine, length))
@@ -330,9 +332,10 @@ def kernel_breakdown(engine: Engine, length: int, concurrency: int) -> list[tupl
     return by_kernel(prof)
 
 
-def prefill_breakdown(engine: Engine, length: int) -> list[tuple[str, float]]:
-    """CUDA time (us) per kernel name over the prefill of a lone request of `length` tokens,
-    all its chunks (prompt steps run eagerly, so this is what they run)."""
+def prefill_breakdown(engine: Engine, length: int) -> list[tuple[str, float, int]]:
+    """CUDA time (us) and launches per kernel name over the prefill of a lone request of
+    `length` tokens, all its chunks (the profiler sees the kernels of replayed prompt-chunk
+    graphs too: the seventeenth run's breakdowns with graphs name them)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -384,13 +387,17 @@ def host_profile(engine: Engine, length: int, concurrency: int, steps: int = 16,
     return out
 
 
-def by_kernel(prof: object) -> list[tuple[str, float]]:
-    """A profile's CUDA time (us) summed per kernel name, largest first."""
+def by_kernel(prof: object) -> list[tuple[str, float, int]]:
+    """A profile's CUDA time (us) and launches summed per kernel name, largest time first:
+    a decode step's time per launch tells a kernel's fixed cost from its streaming."""
     totals: dict[str, float] = defaultdict(float)
+    launches: Counter[str] = Counter()
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             totals[event.name] += event.device_time
-    return sorted(totals.items(), key=lambda kv: -kv[1])
+            launches[event.name] += 1
+    return [(name, us, launches[name])
+            for name, us in sorted(totals.items(), key=lambda kv: -kv[1])]
 
 
 def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
@@ -487,11 +494,12 @@ def markdown(report: dict, top: int = 15) -> str:
                      f"| {graphed} | {'' if replay is None else f'{replay:.2f}'} "
                      f"| {r.get('greedy_digest', '')} |")
     for key, rows in report["breakdown"].items():
-        total = sum(us for _, us in rows)
-        lines += ["", f"{key}: {total:.0f} us of kernels", "",
-                  "| kernel | us | share |", "|---|---|---|"]
-        lines += [f"| `{name[:70]}` | {us:.1f} | {100 * us / total:.1f}% |"
-                  for name, us in rows[:top]]
+        total = sum(us for _, us, _ in rows)
+        lines += ["", f"{key}: {total:.0f} us of kernels in {sum(n for *_, n in rows):,} "
+                  "launches", "", "| kernel | us | share | launches | us a launch |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| `{name[:70]}` | {us:.1f} | {100 * us / total:.1f}% | {n} | {us / n:.2f} |"
+                  for name, us, n in rows[:top]]
     for key, host in report.get("host", {}).items():
         lines += ["", f"host side of the {key} under cProfile: {host['seconds']:.3f} s", "",
                   "| function | calls | own ms | with callees ms |", "|---|---|---|---|"]
