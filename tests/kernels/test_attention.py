@@ -21,6 +21,7 @@ from ninfer_runtime.ops import attention, quant_linear
 from ninfer_runtime.ops.attention import (
     _paged_attention_triton,
     _store_kv_triton,
+    fresh_prompt_attention,
     launch_plan,
     paged_attention,
     paged_attention_ref,
@@ -266,3 +267,53 @@ def test_the_split_merge_writes_o_projs_operand(group: int, sums: bool,
     assert operand is None
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(out, paged_attention_ref(**step, gate=gate), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("int8", [True, False])
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16] if DEVICE == "cpu" else DTYPES)
+def test_a_fresh_prompt_attends_its_gathered_pages_as_the_reference(int8: bool,
+                                                                     dtype: torch.dtype) -> None:
+    """A lone prompt from position 0 (70 tokens on shuffled 16-token pages, 3 q heads a kv
+    head, gated): its pages gathered, dequantized and attended by torch's fused kernel give
+    the reference's output (fp16 K/V for half queries: within half rounding)."""
+    step = paged_step([70], [70], nq=6, nkv=2, d=64, page=16, int8=int8, dtype=dtype)
+    gate = rand(70, 6, 64, seed=7, dtype=dtype)
+    expected = paged_attention_ref(**step, gate=gate)
+    out = fresh_prompt_attention(step["q"], step["k_cache"], step["v_cache"], step["k_scale"],
+                                 step["v_scale"], step["page_tables"][0], step["scale"], gate)
+    assert out.shape == expected.shape and out.dtype == dtype and out.is_contiguous()
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_long_fresh_prompts_take_the_fused_path(fresh: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the kernels on, a step the batch marks as a fresh prompt takes the gathered
+    pages' fused attention from FRESH_PROMPT_MIN_TOKENS tokens (lowered here), and nothing
+    else does: the same output either way, and no o_proj operand (a prompt step's o_proj
+    makes its own)."""
+    monkeypatch.setenv("NINFER_OPS", "triton")
+    monkeypatch.setattr(attention, "FRESH_PROMPT_MIN_TOKENS", 40)
+    taken: list[int] = []
+    fused = attention.fresh_prompt_attention
+    monkeypatch.setattr(attention, "fresh_prompt_attention",
+                        lambda q, *a: taken.append(q.shape[0]) or fused(q, *a))
+    for n in (39, 40):
+        step = paged_step([n], [n], nq=4, nkv=2, d=32, page=16, int8=True, dtype=DTYPES[0])
+        gate = rand(n, 4, 32, seed=8, dtype=DTYPES[0])
+        out, operand = paged_attention_with_operand(**step, gate=gate, spec=None,
+                                                    fresh_prompt=fresh)
+        atol, rtol = TOL[DTYPES[0]]
+        torch.testing.assert_close(out, paged_attention_ref(**step, gate=gate), atol=atol,
+                                   rtol=rtol)
+        assert operand is None
+    assert taken == ([40] if fresh else [])
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="torch's fused attention kernels run on a GPU")
+def test_the_real_heads_take_a_fused_kernel_on_the_gpu() -> None:
+    """The 27B's and the 35B-A3B's attention heads (24 / 4 and 16 / 2 of 256) in fp16: a
+    fused kernel takes them, so their long fresh prompts take `fresh_prompt_attention`."""
+    for nq, nkv in ((24, 4), (16, 2)):
+        assert attention._fused_kernel_runs(torch.device(DEVICE), torch.float16, nq, nkv, 256)

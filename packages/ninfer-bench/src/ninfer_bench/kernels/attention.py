@@ -133,6 +133,28 @@ def _sdpa_row(model: str, tokens: int, device: str) -> dict:
     return _flops_row(f"torch sdpa prefill {model} bf16 kv", model, tokens, tokens, us)
 
 
+def _fresh_row(model: str, tokens: int, device: str) -> dict:
+    """The engine's path for a lone prompt from position 0 (`fresh_prompt_attention`): its
+    INT8 pages gathered and dequantized, then torch's fused attention, with the output gate;
+    beside the paged kernel's row of the same prompt it sets FRESH_PROMPT_MIN_TOKENS."""
+    from ninfer_runtime.ops.attention import fresh_prompt_attention
+
+    nq, nkv = SHAPES[model]
+    pages = -(-tokens // PAGE_SIZE)
+    moved = _kv_bytes(tokens, nkv, True) + 3 * tokens * nq * HEAD_DIM * 2
+
+    def call() -> Call:
+        caches = _caches(pages, nkv, True, device)
+        table = torch.randperm(pages, device=device)
+        q, gate = (torch.randn(tokens, nq, HEAD_DIM, device=device, dtype=torch.bfloat16)
+                   for _ in range(2))
+        return lambda: fresh_prompt_attention(q, *caches, table, HEAD_DIM**-0.5, gate)
+
+    us = _time_us([call() for _ in range(_copies(moved))])
+    return _flops_row(f"fresh prompt {model} int8 kv (gathered, torch fused attention)", model,
+                      tokens, tokens, us)
+
+
 def _store_call(model: str, tokens: int, device: str) -> Call:
     from ninfer_runtime.ops.attention import store_kv
 
@@ -155,12 +177,16 @@ def _store_row(model: str, tokens: int, device: str) -> dict:
 
 
 def bench(device: str = "cuda") -> Iterator[dict]:
-    """A lone 8K prompt in one step (INT8 and bf16 KV, INT8 in 64-row tiles and dequantized in
-    fp32, and torch's fused attention on the same shape), a 1024-token prompt chunk over 8K,
-    decode at 8K/64K/128K context (batch 1 and 8), and the KV store for a decode step and a
-    prompt chunk, each row as it is measured."""
+    """A lone prompt of 2K-8K tokens in one step through the paged kernel and the engine's
+    fresh-prompt path (at 8K also bf16 KV, INT8 in 64-row tiles and dequantized in fp32, and
+    torch's fused attention on bf16 K/V alone), a 1024-token prompt chunk over 8K, decode at
+    8K/64K/128K context (batch 1 and 8), and the KV store for a decode step and a prompt
+    chunk, each row as it is measured."""
     for model in SHAPES:
-        yield from (_prefill_row(model, 8192, 8192, int8, device) for int8 in (True, False))
+        for tokens in (2048, 4096, 8192):
+            yield _prefill_row(model, tokens, tokens, True, device)
+            yield _fresh_row(model, tokens, device)
+        yield _prefill_row(model, 8192, 8192, False, device)
         yield _prefill_row(model, 8192, 8192, True, device, ptx=False)
         yield _prefill_row(model, 8192, 8192, True, device, block_m=64)
         yield _sdpa_row(model, 8192, device)

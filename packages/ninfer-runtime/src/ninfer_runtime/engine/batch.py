@@ -59,6 +59,9 @@ class StepBatch:
     # the others the chunked (prompt) path
     recurrent_tokens: int = 0
     recurrent_seqs: int = 0
+    # host-side too: the step is one sequence's prompt from position 0, whose own tokens are
+    # its whole context (attention may take them contiguously: ops.attention's fresh prompts)
+    fresh_prompt: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -116,7 +119,8 @@ class StepBatch:
         tensors = _to_device(fields, device)
         return cls(**tensors | {"page_tables": tensors["page_tables"].view(len(segments), width)},
                    recurrent_tokens=sum(len(s.token_ids) for s in recurrent),
-                   recurrent_seqs=len(recurrent))
+                   recurrent_seqs=len(recurrent),
+                   fresh_prompt=len(segments) == 1 and not recurrent and segments[0].start == 0)
 
 
 def _to_device(fields: dict[str, list[int]], device: torch.device | str

@@ -64,7 +64,8 @@ def gated_attention(x: torch.Tensor, w: AttentionWeights, kv: PagedKV, batch: St
     # the split merge can write o_proj's decode operand
     out, operand = paged_attention_with_operand(
         q, kv.k, kv.v, kv.k_scale, kv.v_scale, batch.page_tables, batch.cu_seqlens,
-        batch.context_lens, hd**-0.5, gate, decode_operand_spec(q.flatten(1), w.o_proj))
+        batch.context_lens, hd**-0.5, gate, decode_operand_spec(q.flatten(1), w.o_proj),
+        batch.fresh_prompt)
     return linear(out.reshape(n, nq * hd), w.o_proj, operand)
 
 

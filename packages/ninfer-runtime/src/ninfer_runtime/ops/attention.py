@@ -23,12 +23,15 @@ tiles in registers. When the grid would be too small to fill the GPU (decode, sh
 each block's context is split over several programs (flash-decoding) whose partial results a
 second kernel merges; at decode the merge also writes o_proj's activation operand (the
 decode GEMV's input, `paged_attention_with_operand`), so that GEMV launches no pass of its own.
+A long prompt from position 0 (`fresh_prompt_attention`) instead gathers its own pages once and
+runs torch's fused attention on them: there is no cached context for the pages to serve.
 Launch shapes depend only on tensor shapes (nothing is read back to the host), so both kernels
 can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from functools import cache
 
@@ -192,13 +195,20 @@ def paged_attention_with_operand(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                                  k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
                                  page_tables: torch.Tensor, cu_seqlens: torch.Tensor,
                                  context_lens: torch.Tensor, scale: float,
-                                 gate: torch.Tensor | None, spec: tuple[int, bool] | None
+                                 gate: torch.Tensor | None, spec: tuple[int, bool] | None,
+                                 fresh_prompt: bool = False
                                  ) -> tuple[torch.Tensor, DecodeOperand | None]:
     """`paged_attention` (causal, no window), and the decode operand of its result read as
     [N, nq * d] (o_proj's input) of `spec` (group, sums: ops.linear.decode_operand_spec of
     o_proj, or None), the bits o_proj's own activation pass would make. The split merge
     writes it, where the kernels run, the context is split and each head holds whole groups
-    (d a multiple of the group); elsewhere it is None (o_proj makes its own)."""
+    (d a multiple of the group); elsewhere it is None (o_proj makes its own).
+
+    `fresh_prompt` (host-side, engine.batch.StepBatch.fresh_prompt): the step is one
+    sequence's prompt from position 0; a long one takes `fresh_prompt_attention`."""
+    if fresh_prompt and takes_fresh_prompt_path(q, k_cache):
+        return fresh_prompt_attention(q, k_cache, v_cache, k_scale, v_scale, page_tables[0],
+                                      scale, gate), None
     if (spec is None or q.shape[-1] % spec[0] != 0 or not _kernel_fits(q, k_cache)
             or not use_triton(q, k_cache, page_tables, cu_seqlens, context_lens)):
         return paged_attention(q, k_cache, v_cache, k_scale, v_scale, page_tables, cu_seqlens,
@@ -226,6 +236,77 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         v = gather_kv(v_cache, v_scale, pages, length, q.dtype)
         out[lo:hi] = causal_attention(q[lo:hi], k, v, scale, causal=causal, window=window)
     return out if gate is None else out * torch.sigmoid(gate)
+
+
+# A lone prompt from position 0 of at least this many tokens takes `fresh_prompt_attention`:
+# on the H200 torch's fused attention ran a lone 8K prompt of the 27B's shape in 1,372 us where
+# the paged INT8 kernel took 3,286 (docs/perf.md, fifteenth run). The bound is a guess below
+# that (`ninfer-bench kernels --only attention` times both from 2K), above the prompt-chunk
+# graphs' steps (engine.device_setup.PROMPT_GRAPH_MAX_TOKENS), which record the paged kernel.
+FRESH_PROMPT_MIN_TOKENS = 2049
+
+
+def takes_fresh_prompt_path(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether `paged_attention_with_operand` runs a fresh prompt of q [T, nq, d] over caches
+    like k_cache through `fresh_prompt_attention` (the fast ops' mode, long enough, and on a
+    GPU a fused attention kernel takes the shapes)."""
+    return (q.shape[0] >= FRESH_PROMPT_MIN_TOKENS and use_triton(q, k_cache)
+            and (not q.is_cuda or _fused_kernel_runs(q.device, _operand_dtype(q.dtype),
+                                                     q.shape[1], k_cache.shape[2], q.shape[2])))
+
+
+def fresh_prompt_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
+                           pages: torch.Tensor, scale: float,
+                           gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of one sequence's prompt q [T, nq, d] from position 0: its own keys
+    and values (stored in `pages`, its page table) are its whole context, so they are gathered
+    once into contiguous tensors, dequantized as the reference does (in fp16 for half
+    queries: q * s rounded once, the values the paged kernel's PTX makes), and attended by
+    torch's fused kernel (on the GPU FlashAttention, memory-efficient or cuDNN, never the
+    math fallback, whose scores an 8K prompt would hold in gigabytes). With `gate` the result
+    is multiplied by sigmoid(gate) as the reference does. Returns [T, nq, d] in q.dtype."""
+    t, dtype = q.shape[0], _operand_dtype(q.dtype)
+    used = pages[:-(-t // k_cache.shape[1])]
+    k = gather_kv(k_cache, k_scale, used, t, dtype).transpose(0, 1)
+    v = gather_kv(v_cache, v_scale, used, t, dtype).transpose(0, 1)
+    with _fused_kernels(q.device):
+        out = F.scaled_dot_product_attention(q.to(dtype).transpose(0, 1), k, v, is_causal=True,
+                                             scale=scale, enable_gqa=q.shape[1] != k.shape[0])
+    result = torch.empty_like(q)
+    result.copy_(out.transpose(0, 1))
+    return result if gate is None else result.mul_(torch.sigmoid(gate))
+
+
+def _operand_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a fresh prompt is attended in: fp16 for half models (INT8 K/V keep 11
+    significant bits there, as in the paged kernel), the model's own otherwise."""
+    return torch.float16 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _fused_kernels(device: torch.device):
+    """A context that lets SDPA on `device` choose only fused kernels (any on the CPU)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.CUDNN_ATTENTION])
+
+
+@cache
+def _fused_kernel_runs(device: torch.device, dtype: torch.dtype, nq: int, nkv: int,
+                       d: int) -> bool:
+    """torch's own test of whether a fused kernel takes causal GQA attention of these heads
+    (asked of small tensors: what it checks is the dtype, the head sizes and the layout; the
+    cuDNN test is missing from older torch)."""
+    from torch.backends import cuda
+
+    q = torch.empty((nq, 64, d), dtype=dtype, device=device)
+    k = torch.empty((64, nkv, d), dtype=dtype, device=device).transpose(0, 1)
+    params = cuda.SDPAParams(q, k, k, None, 0.0, True, nq != nkv)
+    tests = ("can_use_flash_attention", "can_use_efficient_attention", "can_use_cudnn_attention")
+    return any(getattr(cuda, name)(params) for name in tests if hasattr(cuda, name))
 
 
 # --- Triton kernels -----------------------------------------------------------------------
