@@ -271,16 +271,23 @@ def test_the_split_merge_writes_o_projs_operand(group: int, sums: bool,
 
 @pytest.mark.parametrize("int8", [True, False])
 @pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16] if DEVICE == "cpu" else DTYPES)
-def test_a_fresh_prompt_attends_its_gathered_pages_as_the_reference(int8: bool,
-                                                                     dtype: torch.dtype) -> None:
+def test_a_fresh_prompt_attends_its_gathered_pages_as_the_reference(
+        int8: bool, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """A lone prompt from position 0 (70 tokens on shuffled 16-token pages, 3 q heads a kv
     head, gated): its pages gathered, dequantized and attended by torch's fused kernel give
-    the reference's output (fp16 K/V for half queries: within half rounding)."""
+    the reference's output (fp16 K/V for half queries: within half rounding). The kernel gets
+    [1, heads, T, d] inputs: the fused kernels take no other rank."""
+    ranks: list[int] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: ranks.append(q.dim() + k.dim() + v.dim())
+                        or sdpa(q, k, v, **kw))
     step = paged_step([70], [70], nq=6, nkv=2, d=64, page=16, int8=int8, dtype=dtype)
     gate = rand(70, 6, 64, seed=7, dtype=dtype)
-    expected = paged_attention_ref(**step, gate=gate)
     out = fresh_prompt_attention(step["q"], step["k_cache"], step["v_cache"], step["k_scale"],
                                  step["v_scale"], step["page_tables"][0], step["scale"], gate)
+    assert ranks == [12]
+    expected = paged_attention_ref(**step, gate=gate)
     assert out.shape == expected.shape and out.dtype == dtype and out.is_contiguous()
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)

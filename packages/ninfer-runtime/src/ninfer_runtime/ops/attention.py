@@ -268,13 +268,15 @@ def fresh_prompt_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     is multiplied by sigmoid(gate) as the reference does. Returns [T, nq, d] in q.dtype."""
     t, dtype = q.shape[0], _operand_dtype(q.dtype)
     used = pages[:-(-t // k_cache.shape[1])]
-    k = gather_kv(k_cache, k_scale, used, t, dtype).transpose(0, 1)
-    v = gather_kv(v_cache, v_scale, used, t, dtype).transpose(0, 1)
+    # [1, heads, T, d] views: the fused kernels take 4-dimensional inputs only
+    k, v = (gather_kv(cache, scales, used, t, dtype).transpose(0, 1)[None]
+            for cache, scales in ((k_cache, k_scale), (v_cache, v_scale)))
     with _fused_kernels(q.device):
-        out = F.scaled_dot_product_attention(q.to(dtype).transpose(0, 1), k, v, is_causal=True,
-                                             scale=scale, enable_gqa=q.shape[1] != k.shape[0])
+        out = F.scaled_dot_product_attention(q.to(dtype).transpose(0, 1)[None], k, v,
+                                             is_causal=True, scale=scale,
+                                             enable_gqa=q.shape[1] != k.shape[1])
     result = torch.empty_like(q)
-    result.copy_(out.transpose(0, 1))
+    result.copy_(out[0].transpose(0, 1))
     return result if gate is None else result.mul_(torch.sigmoid(gate))
 
 
@@ -298,12 +300,12 @@ def _fused_kernels(device: torch.device):
 def _fused_kernel_runs(device: torch.device, dtype: torch.dtype, nq: int, nkv: int,
                        d: int) -> bool:
     """torch's own test of whether a fused kernel takes causal GQA attention of these heads
-    (asked of small tensors: what it checks is the dtype, the head sizes and the layout; the
-    cuDNN test is missing from older torch)."""
+    (asked of small tensors laid out as `fresh_prompt_attention`'s: what it checks is the
+    dtype, the head sizes and the layout; the cuDNN test is missing from older torch)."""
     from torch.backends import cuda
 
-    q = torch.empty((nq, 64, d), dtype=dtype, device=device)
-    k = torch.empty((64, nkv, d), dtype=dtype, device=device).transpose(0, 1)
+    q = torch.empty((1, 64, nq, d), dtype=dtype, device=device).transpose(1, 2)
+    k = torch.empty((1, 64, nkv, d), dtype=dtype, device=device).transpose(1, 2)
     params = cuda.SDPAParams(q, k, k, None, 0.0, True, nq != nkv)
     tests = ("can_use_flash_attention", "can_use_efficient_attention", "can_use_cudnn_attention")
     return any(getattr(cuda, name)(params) for name in tests if hasattr(cuda, name))
