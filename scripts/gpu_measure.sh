@@ -81,6 +81,11 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
     eng27eager) engine 240 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown --no-prompt-graphs \
                   --output "$out/eager-prompts" ;;
     eng27one) engine 300 qwen3_6_27b_nvfp4 --concurrency 1 $ONE_STEP --output "$out/one-step" ;;
+    # the one-step prefill without the fresh-prompt attention path (ops.attention), the A/B
+    eng27nofresh) NINFER_FRESH_PROMPT=0 engine 240 qwen3_6_27b_nvfp4 --concurrency 1 $ONE_STEP \
+                    --no-breakdown --output "$out/no-fresh" ;;
+    eng35nofresh) NINFER_FRESH_PROMPT=0 engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1 \
+                    $ONE_STEP --no-breakdown --output "$out/no-fresh" ;;
     eng35one) engine 420 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 $ONE_STEP --output "$out/one-step" ;;
     mtp35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
              --spec mtp --draft-tokens 3 --lm-head-draft ;;

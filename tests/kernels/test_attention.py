@@ -293,14 +293,15 @@ def test_a_fresh_prompt_attends_its_gathered_pages_as_the_reference(
     torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize("fresh", [True, False])
-def test_long_fresh_prompts_take_the_fused_path(fresh: bool,
+@pytest.mark.parametrize(("fresh", "switch"), [(True, "1"), (False, "1"), (True, "0")])
+def test_long_fresh_prompts_take_the_fused_path(fresh: bool, switch: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """With the kernels on, a step the batch marks as a fresh prompt takes the gathered
-    pages' fused attention from FRESH_PROMPT_MIN_TOKENS tokens (lowered here), and nothing
-    else does: the same output either way, and no o_proj operand (a prompt step's o_proj
-    makes its own)."""
+    pages' fused attention from FRESH_PROMPT_MIN_TOKENS tokens (lowered here), unless
+    NINFER_FRESH_PROMPT=0, and nothing else does: the same output either way, and no o_proj
+    operand (a prompt step's o_proj makes its own)."""
     monkeypatch.setenv("NINFER_OPS", "triton")
+    monkeypatch.setenv("NINFER_FRESH_PROMPT", switch)
     monkeypatch.setattr(attention, "FRESH_PROMPT_MIN_TOKENS", 40)
     taken: list[int] = []
     fused = attention.fresh_prompt_attention
@@ -315,7 +316,7 @@ def test_long_fresh_prompts_take_the_fused_path(fresh: bool,
         torch.testing.assert_close(out, paged_attention_ref(**step, gate=gate), atol=atol,
                                    rtol=rtol)
         assert operand is None
-    assert taken == ([40] if fresh else [])
+    assert taken == ([40] if fresh and switch == "1" else [])
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="torch's fused attention kernels run on a GPU")

@@ -32,6 +32,7 @@ can be captured in a CUDA graph.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from functools import cache
 
@@ -243,14 +244,16 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 # the paged INT8 kernel took 3,286 (docs/perf.md, fifteenth run). The bound is a guess below
 # that (`ninfer-bench kernels --only attention` times both from 2K), above the prompt-chunk
 # graphs' steps (engine.device_setup.PROMPT_GRAPH_MAX_TOKENS), which record the paged kernel.
+# NINFER_FRESH_PROMPT=0 turns the path off, for comparison.
 FRESH_PROMPT_MIN_TOKENS = 2049
 
 
 def takes_fresh_prompt_path(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether `paged_attention_with_operand` runs a fresh prompt of q [T, nq, d] over caches
-    like k_cache through `fresh_prompt_attention` (the fast ops' mode, long enough, and on a
-    GPU a fused attention kernel takes the shapes)."""
+    like k_cache through `fresh_prompt_attention` (the fast ops' mode, long enough, not
+    turned off, and on a GPU a fused attention kernel takes the shapes)."""
     return (q.shape[0] >= FRESH_PROMPT_MIN_TOKENS and use_triton(q, k_cache)
+            and os.environ.get("NINFER_FRESH_PROMPT", "1") == "1"
             and (not q.is_cuda or _fused_kernel_runs(q.device, _operand_dtype(q.dtype),
                                                      q.shape[1], k_cache.shape[2], q.shape[2])))
 
