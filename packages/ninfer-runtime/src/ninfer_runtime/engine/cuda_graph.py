@@ -103,15 +103,19 @@ class _Captured:
                 dst.copy_(src, non_blocking=True)
 
 
+# host-side fields a graph does not record, at the value it runs with: a graph takes the general
+# path, which serves a prompt chunk whether or not it starts the sequence (fresh_prompt)
+_UNRECORDED = {"fresh_prompt": False}
+
+
 def _padded(batch: StepBatch, max_pages: int) -> StepBatch:
-    """Fresh tensors for `batch`, page tables widened to max_pages (padding is page 0), and
-    not a fresh prompt: a graph records the general path, which serves a prompt chunk
-    whether or not it starts the sequence."""
+    """Fresh tensors for `batch`, page tables widened to max_pages (padding is page 0), the
+    unrecorded host fields at their graph value."""
     tables = batch.page_tables.new_zeros((batch.page_tables.shape[0], max_pages))
     tables[:, : batch.page_tables.shape[1]] = batch.page_tables
     tensors = {f.name: getattr(batch, f.name).clone() for f in fields(StepBatch)
                if isinstance(getattr(batch, f.name), torch.Tensor)}
-    return replace(batch, **(tensors | {"page_tables": tables}), fresh_prompt=False)
+    return replace(batch, **(tensors | {"page_tables": tables} | _UNRECORDED))
 
 
 class StepGraphs:
@@ -190,10 +194,9 @@ class StepGraphs:
 def _matches(batch: StepBatch, static: StepBatch) -> bool:
     """Same tensor shapes (page tables at most as wide), the same optional tensors present
     (snapshot slots) and the same host-side fields, which choose kernels (recurrent_tokens):
-    a graph replays only the step it recorded. fresh_prompt aside: the graph's general path
-    (`_padded`) serves a fresh prompt too."""
+    a graph replays only the step it recorded. The unrecorded fields aside (`_UNRECORDED`)."""
     for f in fields(StepBatch):
-        if f.name == "fresh_prompt":
+        if f.name in _UNRECORDED:
             continue
         mine, theirs = getattr(batch, f.name), getattr(static, f.name)
         if isinstance(mine, torch.Tensor) != isinstance(theirs, torch.Tensor):

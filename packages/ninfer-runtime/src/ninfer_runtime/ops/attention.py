@@ -207,7 +207,7 @@ def paged_attention_with_operand(q: torch.Tensor, k_cache: torch.Tensor, v_cache
 
     `fresh_prompt` (host-side, engine.batch.StepBatch.fresh_prompt): the step is one
     sequence's prompt from position 0; a long one takes `fresh_prompt_attention`."""
-    if fresh_prompt and takes_fresh_prompt_path(q, k_cache):
+    if fresh_prompt and _takes_fresh_prompt_path(q, k_cache):
         return fresh_prompt_attention(q, k_cache, v_cache, k_scale, v_scale, page_tables[0],
                                       scale, gate), None
     if (spec is None or q.shape[-1] % spec[0] != 0 or not _kernel_fits(q, k_cache)
@@ -248,7 +248,7 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 FRESH_PROMPT_MIN_TOKENS = 2049
 
 
-def takes_fresh_prompt_path(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+def _takes_fresh_prompt_path(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether `paged_attention_with_operand` runs a fresh prompt of q [T, nq, d] over caches
     like k_cache through `fresh_prompt_attention` (the fast ops' mode, long enough, not
     turned off, and on a GPU a fused attention kernel takes the shapes)."""
