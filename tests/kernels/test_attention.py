@@ -269,14 +269,17 @@ def test_the_split_merge_writes_o_projs_operand(group: int, sums: bool,
     torch.testing.assert_close(out, paged_attention_ref(**step, gate=gate), atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("ops", ["ref", "triton"])
 @pytest.mark.parametrize("int8", [True, False])
 @pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16] if DEVICE == "cpu" else DTYPES)
 def test_a_fresh_prompt_attends_its_gathered_pages_as_the_reference(
-        int8: bool, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+        ops: str, int8: bool, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """A lone prompt from position 0 (70 tokens on shuffled 16-token pages, 3 q heads a kv
     head, gated): its pages gathered, dequantized and attended by torch's fused kernel give
-    the reference's output (fp16 K/V for half queries: within half rounding). The kernel gets
-    [1, heads, T, d] inputs: the fused kernels take no other rank."""
+    the reference's output (fp16 K/V for half queries: within half rounding), through torch's
+    passes and through the gather and gated-output kernels. The kernel gets [1, heads, T, d]
+    inputs: the fused kernels take no other rank."""
+    monkeypatch.setenv("NINFER_OPS", ops)
     ranks: list[int] = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
@@ -290,6 +293,36 @@ def test_a_fresh_prompt_attends_its_gathered_pages_as_the_reference(
     expected = paged_attention_ref(**step, gate=gate)
     assert out.shape == expected.shape and out.dtype == dtype and out.is_contiguous()
     atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("int8", [True, False])
+def test_the_gather_kernel_writes_the_references_kv_head_major(int8: bool) -> None:
+    """`_gather_kv_kernel`: the first 45 tokens of shuffled 16-token pages (a partial last
+    page, a partial last program) as [nkv, T, d], bit for bit the reference's dequantized
+    values (fp16, as half models attend them)."""
+    step = paged_step([45], [45], nq=4, nkv=2, d=64, page=16, int8=int8, dtype=DTYPES[0])
+    pages = step["page_tables"][0]
+    for cache, scales in ((step["k_cache"], step["k_scale"]), (step["v_cache"], step["v_scale"])):
+        out = attention._gather_kv_triton(cache, scales, pages, 45, torch.float16)
+        expected = attention.gather_kv(cache, scales, pages, 45, torch.float16)
+        assert out.shape == (2, 45, 64) and out.is_contiguous()
+        assert torch.equal(out, expected.transpose(0, 1))
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_the_output_kernel_lays_out_and_gates_attentions_output(gated: bool) -> None:
+    """`_gated_output_kernel`: an fp16 output [nq, T, d] with the token-major strides
+    attention leaves becomes [T, nq, d] in the model's dtype, times sigmoid(gate) when
+    gated, as the reference's copy and multiply make it (within one rounding)."""
+    o = rand(37, 3, 64, seed=5, dtype=torch.float16).transpose(0, 1)
+    gate = rand(37, 3, 64, seed=6, dtype=DTYPES[0]) if gated else None
+    out = attention._gated_output_triton(o, gate, DTYPES[0])
+    expected = o.transpose(0, 1).to(DTYPES[0])
+    if gated:
+        expected = expected * torch.sigmoid(gate)
+    assert out.shape == (37, 3, 64) and out.dtype == DTYPES[0] and out.is_contiguous()
+    atol, rtol = TOL[DTYPES[0]]
     torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
 
 

@@ -246,6 +246,7 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 # graphs' steps (engine.device_setup.PROMPT_GRAPH_MAX_TOKENS), which record the paged kernel.
 # NINFER_FRESH_PROMPT=0 turns the path off, for comparison.
 FRESH_PROMPT_MIN_TOKENS = 2049
+FRESH_BLOCK_T = 32  # tokens a program of the fresh path's gather and output passes takes
 
 
 def _takes_fresh_prompt_path(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -268,19 +269,36 @@ def fresh_prompt_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     queries: q * s rounded once, the values the paged kernel's PTX makes), and attended by
     torch's fused kernel (on the GPU FlashAttention, memory-efficient or cuDNN, never the
     math fallback, whose scores an 8K prompt would hold in gigabytes). With `gate` the result
-    is multiplied by sigmoid(gate) as the reference does. Returns [T, nq, d] in q.dtype."""
+    is multiplied by sigmoid(gate) as the reference does. Returns [T, nq, d] in q.dtype.
+
+    Where the kernels run, the gather writes each of K and V head-major in one pass and the
+    output's layout change and gate are one more (torch's passes made fp32 temporaries and
+    took ~570 us beside attention's 1,365 on a 27B layer at 8K: docs/perf.md, eighteenth
+    run). Until the GPU has run their tests they are `validated=False` (NINFER_OPS=triton)."""
     t, dtype = q.shape[0], _operand_dtype(q.dtype)
     used = pages[:-(-t // k_cache.shape[1])]
-    # [1, heads, T, d] views: the fused kernels take 4-dimensional inputs only
-    k, v = (gather_kv(cache, scales, used, t, dtype).transpose(0, 1)[None]
+    kernels = use_triton(q, k_cache, pages, validated=False)
+    # [1, heads, T, d]: the fused kernels take 4-dimensional inputs only
+    k, v = (_gathered_heads(cache, scales, used, t, dtype, kernels)[None]
             for cache, scales in ((k_cache, k_scale), (v_cache, v_scale)))
     with _fused_kernels(q.device):
         out = F.scaled_dot_product_attention(q.to(dtype).transpose(0, 1)[None], k, v,
                                              is_causal=True, scale=scale,
                                              enable_gqa=q.shape[1] != k.shape[1])
+    if kernels:
+        return _gated_output_triton(out[0], gate, q.dtype)
     result = torch.empty_like(q)
     result.copy_(out[0].transpose(0, 1))
     return result if gate is None else result.mul_(torch.sigmoid(gate))
+
+
+def _gathered_heads(cache: torch.Tensor, scales: torch.Tensor | None, pages: torch.Tensor,
+                    length: int, dtype: torch.dtype, kernel: bool) -> torch.Tensor:
+    """`gather_kv` laid out head-major, [nkv, length, d]: with `kernel` one pass that writes
+    it contiguous (`_gather_kv_kernel`), else a transposed view of the reference's."""
+    if kernel:
+        return _gather_kv_triton(cache, scales, pages, length, dtype)
+    return gather_kv(cache, scales, pages, length, dtype).transpose(0, 1)
 
 
 def _operand_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -685,6 +703,78 @@ if triton is not None:
             store_operand(o.to(tl.float32), rows, rows < num_tokens,
                           tl.program_id(1) * HEAD_DIM, num_tokens, num_heads * HEAD_DIM,
                           xo_ptr, inv_ptr, xsum_ptr, GROUP, HAS_SUM)
+
+    @triton.jit
+    def _gather_kv_kernel(cache_, scales, pages, out, length, num_heads,
+                          PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
+                          BLOCK_T: tl.constexpr, QUANT: tl.constexpr):
+        """Program (BLOCK_T tokens, kv head): the head's rows of those tokens out of their
+        pages into out [heads, length, HEAD_DIM], dequantized with QUANT as dequantize_int8
+        does (fp32 products rounded once to out's dtype), else converted."""
+        head = tl.program_id(1)
+        t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+        valid = t < length
+        page = tl.load(pages + t // PAGE_SIZE, mask=valid, other=0)
+        row = (page * PAGE_SIZE + t % PAGE_SIZE) * num_heads + head
+        d = tl.arange(0, HEAD_DIM)
+        x = tl.load(cache_ + row[:, None] * HEAD_DIM + d[None, :], mask=valid[:, None], other=0)
+        if QUANT:
+            s = tl.load(scales + row[:, None] * (HEAD_DIM // GROUP) + d[None, :] // GROUP,
+                        mask=valid[:, None], other=0.0)
+            x = x.to(tl.float32) * s.to(tl.float32)
+        tl.store(out + (head * length + t)[:, None] * HEAD_DIM + d[None, :],
+                 x.to(out.dtype.element_ty), mask=valid[:, None])
+
+    @triton.jit
+    def _gated_output_kernel(o, stride_oh, stride_ot, gate, stride_gt, stride_gh, out, length,
+                             num_heads, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
+                             HAS_GATE: tl.constexpr):
+        """Program (BLOCK_T tokens, q head): the head's output rows o [heads, T, HEAD_DIM]
+        into out [T, heads, HEAD_DIM], times sigmoid(gate) with HAS_GATE (in fp32, as the
+        split merge applies it)."""
+        head = tl.program_id(1)
+        t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+        valid = t < length
+        d = tl.arange(0, HEAD_DIM)
+        x = tl.load(o + head * stride_oh + t[:, None] * stride_ot + d[None, :],
+                    mask=valid[:, None], other=0.0).to(tl.float32)
+        if HAS_GATE:
+            g = tl.load(gate + t[:, None] * stride_gt + head * stride_gh + d[None, :],
+                        mask=valid[:, None], other=0.0)
+            x = x * tl.sigmoid(g.to(tl.float32))
+        tl.store(out + (t * num_heads + head)[:, None] * HEAD_DIM + d[None, :],
+                 x.to(out.dtype.element_ty), mask=valid[:, None])
+
+
+def _gather_kv_triton(cache_: torch.Tensor, scales: torch.Tensor | None, pages: torch.Tensor,
+                      length: int, dtype: torch.dtype) -> torch.Tensor:
+    """The first `length` tokens stored in `pages` as [nkv, length, d] in `dtype`, in one pass
+    (`_gather_kv_kernel`)."""
+    _check_cache(cache_, scales)
+    _, page_size, nkv, d = cache_.shape
+    assert pages.dtype == torch.int64 and pages.stride(-1) == 1 and d == _pow2(d)
+    out = torch.empty((nkv, length, d), dtype=dtype, device=cache_.device)
+    quant = scales is not None
+    _gather_kv_kernel[(triton.cdiv(length, FRESH_BLOCK_T), nkv)](
+        cache_, scales if quant else cache_, pages, out, length, nkv, PAGE_SIZE=page_size,
+        HEAD_DIM=d, GROUP=d // scales.shape[-1] if quant else d, BLOCK_T=FRESH_BLOCK_T,
+        QUANT=quant)
+    return out
+
+
+def _gated_output_triton(o: torch.Tensor, gate: torch.Tensor | None,
+                         dtype: torch.dtype) -> torch.Tensor:
+    """o [nq, T, d] (attention's output, any strides but d's) as [T, nq, d] in `dtype`, times
+    sigmoid(gate) [T, nq, d] when given, in one pass (`_gated_output_kernel`)."""
+    nq, t, d = o.shape
+    assert o.stride(-1) == 1 and d == _pow2(d)
+    assert gate is None or (gate.shape == (t, nq, d) and gate.stride(-1) == 1)
+    out = torch.empty((t, nq, d), dtype=dtype, device=o.device)
+    g = o if gate is None else gate
+    _gated_output_kernel[(triton.cdiv(t, FRESH_BLOCK_T), nq)](
+        o, o.stride(0), o.stride(1), g, g.stride(0), g.stride(1), out, t, nq, HEAD_DIM=d,
+        BLOCK_T=FRESH_BLOCK_T, HAS_GATE=gate is not None)
+    return out
 
 
 def _merge_heads(num_splits: int, num_heads: int) -> int:
