@@ -234,6 +234,25 @@ def test_chunked_varlen_matches_reference(lengths: list[int], dtype: torch.dtype
     close(got, ref, tol=CHUNK_TOL)
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="fla-core's kernels (a GPU extra) run on a GPU")
+def test_the_fla_prompt_path_matches_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NINFER_GDN_PROMPT=fla: fla-core's chunked kernels, not ours, on the segments of
+    `test_chunked_varlen_matches_reference`, give the reference's outputs and states to
+    within its bf16 intermediates."""
+    pytest.importorskip("fla.ops.gated_delta_rule")
+    monkeypatch.setenv("NINFER_GDN_PROMPT", "fla")
+    monkeypatch.setattr(gdn, "_launch_chunked", None)  # taking ours would fail
+    cu, slots = segments([1, 64, 100, 3], [5, 0, 2, 7])
+    x = chunked_inputs(168, HALF)
+    states = rand(SLOTS, NV, DK, DV, seed=6) * 0.3
+    got, ref = states.clone(), states.clone()
+    out = gated_delta_rule_varlen(**x, states=got, cu_seqlens=cu, slots=slots).float()
+    expected = gated_delta_rule_varlen_ref(**x, states=ref, cu_seqlens=cu, slots=slots).float()
+    assert (out - expected).abs().max() <= 2e-2 * expected.abs().max()
+    assert (got - ref).abs().max() <= 2e-2 * ref.abs().max()
+    assert torch.equal(got[1], states[1])  # slots no segment names keep their states
+
+
 def test_chunked_is_stable_on_correlated_keys() -> None:
     """Nearly identical keys with beta ~ 1 and no decay: the triangular system's power series
     would blow up; the inverse by recursive doubling (products of the inverse's own blocks)

@@ -38,6 +38,7 @@ Two ops run Triton kernels on the GPU (the references stay the oracle and the CP
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cache
 
@@ -202,7 +203,33 @@ def gated_delta_rule_varlen(
     """
     if not use_triton(q, k, v, g, beta, states, cu_seqlens, slots):
         return gated_delta_rule_varlen_ref(q, k, v, g, beta, states, cu_seqlens, slots)
+    if _takes_fla(v):
+        return _launch_fla(q, k, v, g, beta, states, cu_seqlens, slots)
     return _launch_chunked(q, k, v, g, beta, states, cu_seqlens, slots)
+
+
+def _takes_fla(v: torch.Tensor) -> bool:
+    """NINFER_GDN_PROMPT=fla: fla-core's chunked kernels (the issue's pinned dependency, a GPU
+    extra) run the prompt path instead of ours, outside CUDA graph capture (fla reads the
+    segment bounds on the host). Opt-in until timed beside ours on the GPU
+    (`scripts/gdn_probe.py`, docs/perf.md: our three kernels take ~2.2 ms a 27B layer at 8K)."""
+    return (os.environ.get("NINFER_GDN_PROMPT") == "fla" and v.is_cuda
+            and not torch.cuda.is_current_stream_capturing())
+
+
+def _launch_fla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                beta: torch.Tensor, states: torch.Tensor, cu_seqlens: torch.Tensor,
+                slots: torch.Tensor) -> torch.Tensor:
+    """`gated_delta_rule_varlen` through fla-core's `chunk_gated_delta_rule` (bf16
+    intermediates where ours keep fp32): the slots' states in, the final states back."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_rule
+
+    o, final = fla_chunk_rule(q[None], k[None], v[None], g[None], beta[None],
+                              scale=q.shape[-1] ** -0.5, initial_state=states[slots],
+                              output_final_state=True, use_qk_l2norm_in_kernel=True,
+                              cu_seqlens=cu_seqlens)
+    states[slots] = final
+    return o[0]
 
 
 def _num_key_heads(conv_dim: int, states: torch.Tensor) -> int:
