@@ -403,9 +403,9 @@ def by_kernel(prof: object) -> list[tuple[str, float, int]]:
 def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
         decode_tokens: int, device: str = "cuda", kv_dtype: str = "int8",
         prefill_chunk: int = 1024, max_batched_tokens: int | None = None,
-        cuda_graphs: bool = True, prompt_graphs: bool = EngineConfig.prompt_graphs,
-        overlap_decode: bool = True,
-        breakdown: bool = True,
+        cuda_graphs: bool = EngineConfig.cuda_graphs,
+        prompt_graphs: bool = EngineConfig.prompt_graphs,
+        overlap_decode: bool = EngineConfig.overlap_decode, breakdown: bool = True,
         spec: str = "none", draft_tokens: int = 3, lm_head_draft: bool = False) -> dict:
     """Every measurement above for one artifact, as a report dict."""
     longest = max(contexts) + decode_tokens + 8
