@@ -144,20 +144,20 @@ def test_steps_without_a_graph_are_refused(model) -> None:
     assert graphs.can_run(StepBatch.build([one, one], PAGE, model.device))
 
 
-def test_a_graph_records_the_general_path_and_replays_fresh_prompts(model) -> None:
-    """Only a lone prompt from position 0 is a fresh prompt (attention may take its pages
-    contiguously, ops.attention); a graph's static step is never one, so a chunk graph
+def test_a_graph_records_the_general_path_and_replays_lone_prompts(model) -> None:
+    """Only a lone prompt chunk has a lone-prompt context (its context once stored: attention
+    may gather it once, ops.attention); a graph's static step never has one, so a chunk graph
     recorded from position 0 runs the general path and replays a chunk from anywhere."""
     def build(*segments: Segment) -> StepBatch:
         return StepBatch.build(list(segments), PAGE, model.device)
 
-    assert build(Segment([1, 2, 3], 0, [0], 0)).fresh_prompt
-    assert not build(Segment([1, 2, 3], 5, [0], 0)).fresh_prompt  # continues its context
-    assert not build(Segment([1], 0, [0], 0)).fresh_prompt  # one token: the decode path
-    assert not build(Segment([1, 2], 0, [0], 0), Segment([3, 4], 0, [1], 1)).fresh_prompt
-    assert not build(Segment([1, 2], 0, [0], 0, "all", [1, 0])).fresh_prompt  # verify
-    seen: list[bool] = []
-    graphs = StepGraphs(lambda b: seen.append(b.fresh_prompt) or (b.token_ids,),
+    assert build(Segment([1, 2, 3], 0, [0], 0)).lone_prompt_context == 3  # from position 0
+    assert build(Segment([1, 2, 3], 5, [0], 0)).lone_prompt_context == 8  # after its context
+    assert build(Segment([1], 0, [0], 0)).lone_prompt_context == 0  # one token: the decode path
+    assert build(Segment([1, 2], 0, [0], 0), Segment([3, 4], 0, [1], 1)).lone_prompt_context == 0
+    assert build(Segment([1, 2], 0, [0], 0, "all", [1, 0])).lone_prompt_context == 0  # verify
+    seen: list[int] = []
+    graphs = StepGraphs(lambda b: seen.append(b.lone_prompt_context) or (b.token_ids,),
                         lambda shape: build(Segment([0] * shape.tokens_per_seq, 0, [0], 0)),
                         max_pages=2, capture=False)
     graphs.capture_all([GraphShape.of(1, 3, "last")])
@@ -165,25 +165,28 @@ def test_a_graph_records_the_general_path_and_replays_fresh_prompts(model) -> No
         step = build(Segment([1, 2, 3], start, [0], 0))
         assert graphs.can_run(step)
         graphs.run(step)
-    assert seen == [False, False]
+    assert seen == [0, 0]
 
 
-def test_attention_layers_are_told_of_fresh_prompts(model, monkeypatch: pytest.MonkeyPatch
-                                                    ) -> None:
-    """Every attention layer hands ops.attention the step's fresh_prompt: a prompt's first
-    chunk is one, its next chunk is not."""
+def test_attention_layers_are_told_of_lone_prompts(model, monkeypatch: pytest.MonkeyPatch
+                                                   ) -> None:
+    """Every attention layer hands ops.attention the step's lone-prompt context: a prompt's
+    first chunk of 20 tokens has 20, its next 40; a step of two prompts has none."""
     from ninfer_runtime.models import layers
 
-    seen: list[bool] = []
+    seen: list[int] = []
     attend = layers.paged_attention_with_operand
     monkeypatch.setattr(layers, "paged_attention_with_operand",
                         lambda *args: seen.append(args[-1]) or attend(*args))
-    caches = model.allocate_cache(4, PAGE, 1, int8_kv=True)
+    caches = model.allocate_cache(8, PAGE, 2, int8_kv=True)
     for start in (0, 20):
         model.forward_batch(StepBatch.build([Segment(prompt(20, 0), start, [0, 1, 2], 0)],
                                             PAGE, model.device), caches)
+    model.forward_batch(StepBatch.build([Segment(prompt(4, 0), 0, [3], 0),
+                                         Segment(prompt(4, 1), 0, [4], 1)], PAGE, model.device),
+                        caches)
     n = sum(kind == FULL_ATTENTION for kind in model.config.layer_types)
-    assert n and seen == [True] * n + [False] * n
+    assert n and seen == [20] * n + [40] * n + [0] * n
 
 
 # ---- the engine's graphed shapes ----

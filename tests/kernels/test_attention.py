@@ -296,18 +296,20 @@ def test_a_fresh_prompt_attends_its_gathered_pages_as_the_reference(
     torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("head_major", [True, False])
 @pytest.mark.parametrize("int8", [True, False])
-def test_the_gather_kernel_writes_the_references_kv_head_major(int8: bool) -> None:
+def test_the_gather_kernel_writes_the_references_kv(int8: bool, head_major: bool) -> None:
     """`_gather_kv_kernel`: the first 45 tokens of shuffled 16-token pages (a partial last
-    page, a partial last program) as [nkv, T, d], bit for bit the reference's dequantized
-    values (fp16, as half models attend them)."""
+    page, a partial last program) as [nkv, T, d] or [T, nkv, d], contiguous, bit for bit the
+    reference's dequantized values (fp16, as half models attend them)."""
     step = paged_step([45], [45], nq=4, nkv=2, d=64, page=16, int8=int8, dtype=DTYPES[0])
     pages = step["page_tables"][0]
     for cache, scales in ((step["k_cache"], step["k_scale"]), (step["v_cache"], step["v_scale"])):
-        out = attention._gather_kv_triton(cache, scales, pages, 45, torch.float16)
+        out = attention._gather_kv_triton(cache, scales, pages, 45, torch.float16,
+                                          head_major=head_major)
         expected = attention.gather_kv(cache, scales, pages, 45, torch.float16)
-        assert out.shape == (2, 45, 64) and out.is_contiguous()
-        assert torch.equal(out, expected.transpose(0, 1))
+        assert out.is_contiguous()
+        assert torch.equal(out, expected.transpose(0, 1) if head_major else expected)
 
 
 @pytest.mark.parametrize("gated", [True, False])
@@ -326,30 +328,72 @@ def test_the_output_kernel_lays_out_and_gates_attentions_output(gated: bool) -> 
     torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize(("fresh", "switch"), [(True, "1"), (False, "1"), (True, "0")])
-def test_long_fresh_prompts_take_the_fused_path(fresh: bool, switch: str,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the kernels on, a step the batch marks as a fresh prompt takes the gathered
-    pages' fused attention from FRESH_PROMPT_MIN_TOKENS tokens (lowered here), unless
-    NINFER_FRESH_PROMPT=0, and nothing else does: the same output either way, and no o_proj
+@pytest.mark.parametrize("int8", [True, False])
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.bfloat16] if DEVICE == "cpu" else DTYPES)
+def test_a_chunk_after_context_attends_its_gathered_context_as_the_reference(
+        int8: bool, dtype: torch.dtype) -> None:
+    """The last 30 of a prompt's 70 tokens (shuffled 16-token pages, 3 q heads a kv head,
+    gated): its whole context gathered into contiguous fp16 pages and attended by the paged
+    kernel unquantized gives the reference's output (within half rounding)."""
+    step = paged_step([30], [70], nq=6, nkv=2, d=64, page=16, int8=int8, dtype=dtype)
+    gate = rand(30, 6, 64, seed=7, dtype=dtype)
+    out = attention.gathered_context_attention(
+        step["q"], step["k_cache"], step["v_cache"], step["k_scale"], step["v_scale"],
+        step["page_tables"][0], 70, step["cu_seqlens"], step["context_lens"], step["scale"],
+        gate)
+    expected = paged_attention_ref(**step, gate=gate)
+    assert out.shape == expected.shape and out.dtype == dtype
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize(("context", "switch", "path"), [
+    (40, "1", "fresh"), (72, "1", "gathered"), (0, "1", None), (40, "0", None),
+    (72, "0", None)])
+def test_long_lone_prompts_take_a_gathered_path(context: int, switch: str, path: str | None,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the kernels on, a step the batch marks as a lone prompt chunk (its context > 0)
+    takes a gathered path from FRESH_PROMPT_MIN_TOKENS tokens (lowered here): from position
+    0 the fused one, after cached context the gathered context's; unless
+    NINFER_FRESH_PROMPT=0, and no other step does: the same output either way, and no o_proj
     operand (a prompt step's o_proj makes its own)."""
     monkeypatch.setenv("NINFER_OPS", "triton")
     monkeypatch.setenv("NINFER_FRESH_PROMPT", switch)
     monkeypatch.setattr(attention, "FRESH_PROMPT_MIN_TOKENS", 40)
-    taken: list[int] = []
-    fused = attention.fresh_prompt_attention
-    monkeypatch.setattr(attention, "fresh_prompt_attention",
-                        lambda q, *a: taken.append(q.shape[0]) or fused(q, *a))
+    taken: list[tuple[str, int]] = []
+
+    def spy(name: str):
+        path = getattr(attention, name)
+        return lambda q, *a: taken.append((name.split("_")[0], q.shape[0])) or path(q, *a)
+
+    for name in ("fresh_prompt_attention", "gathered_context_attention"):
+        monkeypatch.setattr(attention, name, spy(name))
     for n in (39, 40):
-        step = paged_step([n], [n], nq=4, nkv=2, d=32, page=16, int8=True, dtype=DTYPES[0])
+        ctx = context and context - 40 + n  # a fresh prompt's context is its own length
+        step = paged_step([n], [ctx or n], nq=4, nkv=2, d=32, page=16, int8=True,
+                          dtype=DTYPES[0])
         gate = rand(n, 4, 32, seed=8, dtype=DTYPES[0])
         out, operand = paged_attention_with_operand(**step, gate=gate, spec=None,
-                                                    fresh_prompt=fresh)
+                                                    lone_context=ctx)
         atol, rtol = TOL[DTYPES[0]]
         torch.testing.assert_close(out, paged_attention_ref(**step, gate=gate), atol=atol,
                                    rtol=rtol)
         assert operand is None
-    assert taken == ([40] if fresh and switch == "1" else [])
+    assert taken == ([(path, 40)] if path else [])
+
+
+def test_the_plan_holds_the_gathered_context_only_where_it_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lone_prompt_gather_bytes`: fp16 K and V of the whole context in whole pages where the
+    gathered path can run (NINFER_OPS=triton until the GPU validates its kernel), else 0."""
+    args = (1000, 16, 4, 256, torch.device(DEVICE))
+    monkeypatch.setenv("NINFER_OPS", "triton")
+    assert attention.lone_prompt_gather_bytes(*args) == 2 * 1008 * 4 * 256 * 2
+    monkeypatch.setenv("NINFER_FRESH_PROMPT", "0")
+    assert attention.lone_prompt_gather_bytes(*args) == 0
+    monkeypatch.setenv("NINFER_FRESH_PROMPT", "1")
+    monkeypatch.setenv("NINFER_OPS", "auto")
+    assert attention.lone_prompt_gather_bytes(*args) == 0
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="torch's fused attention kernels run on a GPU")

@@ -59,9 +59,10 @@ class StepBatch:
     # the others the chunked (prompt) path
     recurrent_tokens: int = 0
     recurrent_seqs: int = 0
-    # host-side too: the step is one sequence's prompt from position 0, whose own tokens are
-    # its whole context (attention may take them contiguously: ops.attention's fresh prompts)
-    fresh_prompt: bool = False
+    # host-side too: the step is one sequence's prompt chunk, and this is its context once
+    # stored (0 for any other step): attention may gather that context once for the chunk
+    # (ops.attention's lone prompt paths; from position 0 the chunk is its whole context)
+    lone_prompt_context: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -120,7 +121,8 @@ class StepBatch:
         return cls(**tensors | {"page_tables": tensors["page_tables"].view(len(segments), width)},
                    recurrent_tokens=sum(len(s.token_ids) for s in recurrent),
                    recurrent_seqs=len(recurrent),
-                   fresh_prompt=len(segments) == 1 and not recurrent and segments[0].start == 0)
+                   lone_prompt_context=segments[0].start + len(segments[0].token_ids)
+                   if len(segments) == 1 and not recurrent else 0)
 
 
 def _to_device(fields: dict[str, list[int]], device: torch.device | str

@@ -104,8 +104,8 @@ class _Captured:
 
 
 # host-side fields a graph does not record, at the value it runs with: a graph takes the general
-# path, which serves a prompt chunk whether or not it starts the sequence (fresh_prompt)
-_UNRECORDED = {"fresh_prompt": False}
+# path, which serves a prompt chunk wherever it starts (lone_prompt_context)
+_UNRECORDED = {"lone_prompt_context": 0}
 
 
 def _padded(batch: StepBatch, max_pages: int) -> StepBatch:

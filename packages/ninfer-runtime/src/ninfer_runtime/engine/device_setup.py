@@ -31,6 +31,7 @@ from ninfer_runtime.engine.spec import Committed, Proposer
 from ninfer_runtime.engine.warmup import Gpu, WarmupStep, warmup_steps
 from ninfer_runtime.models.cache import GDNSlots, LayerCache, allocate_layer_caches
 from ninfer_runtime.models.qwen3_5 import Qwen3_5Model
+from ninfer_runtime.ops.attention import lone_prompt_gather_bytes
 from ninfer_runtime.ops.moe import dequantized_path_runs
 
 log = logging.getLogger("ninfer.engine")
@@ -195,7 +196,12 @@ def plan_device_memory(model: Qwen3_5Model, config: EngineConfig,
         weights=torch.cuda.memory_allocated(device),
         state_slots=config.max_concurrency * (1 + config.spec_tokens)
         * state_bytes_per_slot(model),
-        prefill_workspace=prefill, step_tokens=config.step_tokens, graph_workspace=graphed,
+        # the measured step starts at position 0; a chunk after cached context may also hold
+        # its whole context gathered (ops.attention.gathered_context_attention)
+        prefill_workspace=prefill + lone_prompt_gather_bytes(
+            config.max_context, config.page_size, model.config.num_key_value_heads,
+            model.config.head_dim, device),
+        step_tokens=config.step_tokens, graph_workspace=graphed,
         kv_bytes_per_token=kv_bytes + draft_kv_bytes_per_token,
         page_size=config.page_size, max_context=config.max_context,
         max_concurrency=config.max_concurrency, kv_capacity=config.kv_capacity,

@@ -65,7 +65,7 @@ def gated_attention(x: torch.Tensor, w: AttentionWeights, kv: PagedKV, batch: St
     out, operand = paged_attention_with_operand(
         q, kv.k, kv.v, kv.k_scale, kv.v_scale, batch.page_tables, batch.cu_seqlens,
         batch.context_lens, hd**-0.5, gate, decode_operand_spec(q.flatten(1), w.o_proj),
-        batch.fresh_prompt)
+        batch.lone_prompt_context)
     return linear(out.reshape(n, nq * hd), w.o_proj, operand)
 
 

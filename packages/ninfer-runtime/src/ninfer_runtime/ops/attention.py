@@ -24,7 +24,9 @@ each block's context is split over several programs (flash-decoding) whose parti
 second kernel merges; at decode the merge also writes o_proj's activation operand (the
 decode GEMV's input, `paged_attention_with_operand`), so that GEMV launches no pass of its own.
 A long prompt from position 0 (`fresh_prompt_attention`) instead gathers its own pages once and
-runs torch's fused attention on them: there is no cached context for the pages to serve.
+runs torch's fused attention on them: there is no cached context for the pages to serve. A long
+chunk after cached context (`gathered_context_attention`) gathers that context once into fp16
+pages and runs the paged kernel unquantized on them: every tile of the chunk reads all of it.
 Launch shapes depend only on tensor shapes (nothing is read back to the host), so both kernels
 can be captured in a CUDA graph.
 """
@@ -197,7 +199,7 @@ def paged_attention_with_operand(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                                  page_tables: torch.Tensor, cu_seqlens: torch.Tensor,
                                  context_lens: torch.Tensor, scale: float,
                                  gate: torch.Tensor | None, spec: tuple[int, bool] | None,
-                                 fresh_prompt: bool = False
+                                 lone_context: int = 0
                                  ) -> tuple[torch.Tensor, DecodeOperand | None]:
     """`paged_attention` (causal, no window), and the decode operand of its result read as
     [N, nq * d] (o_proj's input) of `spec` (group, sums: ops.linear.decode_operand_spec of
@@ -205,11 +207,18 @@ def paged_attention_with_operand(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     writes it, where the kernels run, the context is split and each head holds whole groups
     (d a multiple of the group); elsewhere it is None (o_proj makes its own).
 
-    `fresh_prompt` (host-side, engine.batch.StepBatch.fresh_prompt): the step is one
-    sequence's prompt from position 0; a long one takes `fresh_prompt_attention`."""
-    if fresh_prompt and _takes_fresh_prompt_path(q, k_cache):
+    `lone_context` (host-side, engine.batch.StepBatch.lone_prompt_context): the step is one
+    sequence's prompt chunk, and this its context once stored (0: any other step). A long
+    chunk from position 0 takes `fresh_prompt_attention`, one after cached context
+    `gathered_context_attention`."""
+    path = _lone_prompt_path(q, k_cache, lone_context) if lone_context else None
+    if path == "fresh":
         return fresh_prompt_attention(q, k_cache, v_cache, k_scale, v_scale, page_tables[0],
                                       scale, gate), None
+    if path == "gathered":
+        return gathered_context_attention(q, k_cache, v_cache, k_scale, v_scale, page_tables[0],
+                                          lone_context, cu_seqlens, context_lens, scale,
+                                          gate), None
     if (spec is None or q.shape[-1] % spec[0] != 0 or not _kernel_fits(q, k_cache)
             or not use_triton(q, k_cache, page_tables, cu_seqlens, context_lens)):
         return paged_attention(q, k_cache, v_cache, k_scale, v_scale, page_tables, cu_seqlens,
@@ -239,24 +248,49 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     return out if gate is None else out * torch.sigmoid(gate)
 
 
-# A lone prompt from position 0 of at least this many tokens takes `fresh_prompt_attention`:
-# on the H200 torch's fused attention ran a lone 8K prompt of the 27B's shape in 1,372 us where
-# the paged INT8 kernel took 3,286 (docs/perf.md, fifteenth run). The bound is a guess below
-# that (`ninfer-bench kernels --only attention` times both from 2K), above the prompt-chunk
-# graphs' steps (engine.device_setup.PROMPT_GRAPH_MAX_TOKENS), which record the paged kernel.
-# NINFER_FRESH_PROMPT=0 turns the path off, for comparison.
+# A lone prompt chunk of at least this many tokens takes a gathered path: from position 0
+# `fresh_prompt_attention`, on the H200 torch's fused attention ran a lone 8K prompt of the
+# 27B's shape in 1,372 us where the paged INT8 kernel took 3,286 (docs/perf.md, fifteenth run);
+# on the H100 they tie at 2K (eighteenth run). After cached context
+# `gathered_context_attention`, whose paged kernel on fp16 K/V took 1.86 ms of that 8K
+# prompt. The bound is above the prompt-chunk graphs' steps
+# (engine.device_setup.PROMPT_GRAPH_MAX_TOKENS), which record the paged kernel.
+# NINFER_FRESH_PROMPT=0 turns both paths off, for comparison.
 FRESH_PROMPT_MIN_TOKENS = 2049
-FRESH_BLOCK_T = 32  # tokens a program of the fresh path's gather and output passes takes
+FRESH_BLOCK_T = 32  # tokens a program of the gather and output passes takes
 
 
-def _takes_fresh_prompt_path(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether `paged_attention_with_operand` runs a fresh prompt of q [T, nq, d] over caches
-    like k_cache through `fresh_prompt_attention` (the fast ops' mode, long enough, not
-    turned off, and on a GPU a fused attention kernel takes the shapes)."""
-    return (q.shape[0] >= FRESH_PROMPT_MIN_TOKENS and use_triton(q, k_cache)
-            and os.environ.get("NINFER_FRESH_PROMPT", "1") == "1"
-            and (not q.is_cuda or _fused_kernel_runs(q.device, _operand_dtype(q.dtype),
-                                                     q.shape[1], k_cache.shape[2], q.shape[2])))
+def _lone_prompt_path(q: torch.Tensor, k_cache: torch.Tensor, context: int) -> str | None:
+    """How `paged_attention_with_operand` runs a lone prompt chunk q [T, nq, d] whose context
+    is `context` tokens, over caches like k_cache: "fresh" (from position 0, where on a GPU a
+    fused attention kernel takes the shapes), "gathered" (after cached context, where the
+    gather kernel runs) or None (the paged kernel: too short, turned off, or the references'
+    mode)."""
+    if (q.shape[0] < FRESH_PROMPT_MIN_TOKENS or not use_triton(q, k_cache)
+            or not gathered_paths_on()):
+        return None
+    if context == q.shape[0]:
+        fused = not q.is_cuda or _fused_kernel_runs(q.device, _operand_dtype(q.dtype),
+                                                    q.shape[1], k_cache.shape[2], q.shape[2])
+        return "fresh" if fused else None
+    return "gathered" if use_triton(q, k_cache, validated=False) and _kernel_fits(q, k_cache) \
+        else None
+
+
+def gathered_paths_on() -> bool:
+    """NINFER_FRESH_PROMPT (default 1): whether lone prompt chunks may take a gathered path."""
+    return os.environ.get("NINFER_FRESH_PROMPT", "1") == "1"
+
+
+def lone_prompt_gather_bytes(max_context: int, page_size: int, nkv: int, d: int,
+                             device: torch.device) -> int:
+    """The most `gathered_context_attention` holds at once: K and V of a whole context of
+    `max_context` tokens (in whole pages) in fp16, or 0 where it never runs (the memory plan
+    adds it to the prefill workspace, which measures a step from position 0)."""
+    probe = torch.empty(0, device=device)
+    if not (gathered_paths_on() and use_triton(probe, validated=False)):
+        return 0
+    return 2 * -(-max_context // page_size) * page_size * nkv * d * 2
 
 
 def fresh_prompt_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -297,8 +331,35 @@ def _gathered_heads(cache: torch.Tensor, scales: torch.Tensor | None, pages: tor
     """`gather_kv` laid out head-major, [nkv, length, d]: with `kernel` one pass that writes
     it contiguous (`_gather_kv_kernel`), else a transposed view of the reference's."""
     if kernel:
-        return _gather_kv_triton(cache, scales, pages, length, dtype)
+        return _gather_kv_triton(cache, scales, pages, length, dtype, head_major=True)
     return gather_kv(cache, scales, pages, length, dtype).transpose(0, 1)
+
+
+def gathered_context_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
+                               pages: torch.Tensor, context: int, cu_seqlens: torch.Tensor,
+                               context_lens: torch.Tensor, scale: float,
+                               gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of one sequence's prompt chunk q [T, nq, d], the last T of its
+    `context` tokens (cu_seqlens [0, T] and context_lens [context] on the device; `pages` its
+    page table), over cached context.
+    Every tile of a long chunk reads the whole context, so the context is gathered once into
+    contiguous pages of fp16 K/V for half queries (dequantized as `fresh_prompt_attention`
+    does) and the paged kernel runs unquantized on them, at the rate it reaches on fp16 K/V
+    (1.86 against 3.29 ms of a 27B layer's 8K prompt over INT8 pages, docs/perf.md, fifteenth
+    run). The gather kernel is `validated=False`: the path runs under NINFER_OPS=triton only
+    until the GPU has run its tests. Returns [T, nq, d] in q.dtype."""
+    page_size = k_cache.shape[1]
+    used = pages[:-(-context // page_size)]
+    dtype = _operand_dtype(q.dtype)
+    # whole pages, so that every key row the kernel may load holds a finite value
+    k, v = (_gather_kv_triton(cache, scales, used, used.shape[0] * page_size, dtype,
+                              head_major=False).unflatten(0, (used.shape[0], page_size))
+            for cache, scales in ((k_cache, k_scale), (v_cache, v_scale)))
+    table = torch.arange(used.shape[0], device=q.device)[None]
+    out, _ = _paged_attention_triton(q.to(dtype), k, v, None, None, table, cu_seqlens,
+                                     context_lens, scale, gate)
+    return out.to(q.dtype)
 
 
 def _operand_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -705,12 +766,13 @@ if triton is not None:
                           xo_ptr, inv_ptr, xsum_ptr, GROUP, HAS_SUM)
 
     @triton.jit
-    def _gather_kv_kernel(cache_, scales, pages, out, length, num_heads,
+    def _gather_kv_kernel(cache_, scales, pages, out, stride_oh, stride_ot, length, num_heads,
                           PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
                           BLOCK_T: tl.constexpr, QUANT: tl.constexpr):
         """Program (BLOCK_T tokens, kv head): the head's rows of those tokens out of their
-        pages into out [heads, length, HEAD_DIM], dequantized with QUANT as dequantize_int8
-        does (fp32 products rounded once to out's dtype), else converted."""
+        pages into out (strides per head and token; rows contiguous), dequantized with QUANT
+        as dequantize_int8 does (fp32 products rounded once to out's dtype), else
+        converted."""
         head = tl.program_id(1)
         t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         valid = t < length
@@ -722,7 +784,7 @@ if triton is not None:
             s = tl.load(scales + row[:, None] * (HEAD_DIM // GROUP) + d[None, :] // GROUP,
                         mask=valid[:, None], other=0.0)
             x = x.to(tl.float32) * s.to(tl.float32)
-        tl.store(out + (head * length + t)[:, None] * HEAD_DIM + d[None, :],
+        tl.store(out + head * stride_oh + t[:, None] * stride_ot + d[None, :],
                  x.to(out.dtype.element_ty), mask=valid[:, None])
 
     @triton.jit
@@ -747,18 +809,22 @@ if triton is not None:
 
 
 def _gather_kv_triton(cache_: torch.Tensor, scales: torch.Tensor | None, pages: torch.Tensor,
-                      length: int, dtype: torch.dtype) -> torch.Tensor:
-    """The first `length` tokens stored in `pages` as [nkv, length, d] in `dtype`, in one pass
-    (`_gather_kv_kernel`)."""
+                      length: int, dtype: torch.dtype, *, head_major: bool) -> torch.Tensor:
+    """The first `length` tokens stored in `pages` in `dtype`, in one pass
+    (`_gather_kv_kernel`): [nkv, length, d] head-major, else [length, nkv, d]."""
     _check_cache(cache_, scales)
     _, page_size, nkv, d = cache_.shape
     assert pages.dtype == torch.int64 and pages.stride(-1) == 1 and d == _pow2(d)
-    out = torch.empty((nkv, length, d), dtype=dtype, device=cache_.device)
+    assert length <= pages.shape[0] * page_size
+    shape = (nkv, length, d) if head_major else (length, nkv, d)
+    out = torch.empty(shape, dtype=dtype, device=cache_.device)
+    stride_head, stride_token = (out.stride(0), out.stride(1)) if head_major else \
+        (out.stride(1), out.stride(0))
     quant = scales is not None
     _gather_kv_kernel[(triton.cdiv(length, FRESH_BLOCK_T), nkv)](
-        cache_, scales if quant else cache_, pages, out, length, nkv, PAGE_SIZE=page_size,
-        HEAD_DIM=d, GROUP=d // scales.shape[-1] if quant else d, BLOCK_T=FRESH_BLOCK_T,
-        QUANT=quant)
+        cache_, scales if quant else cache_, pages, out, stride_head, stride_token, length, nkv,
+        PAGE_SIZE=page_size, HEAD_DIM=d, GROUP=d // scales.shape[-1] if quant else d,
+        BLOCK_T=FRESH_BLOCK_T, QUANT=quant)
     return out
 
 
