@@ -133,6 +133,22 @@ def _sdpa_row(model: str, tokens: int, device: str) -> dict:
     return _flops_row(f"torch sdpa prefill {model} bf16 kv", model, tokens, tokens, us)
 
 
+def _lone_prompt_call(model: str, chunk: int, context: int, device: str,
+                      path: Callable[..., torch.Tensor]) -> Call:
+    """One of the engine's paths for a lone prompt chunk, the last `chunk` of `context` tokens
+    cached on shuffled INT8 pages, gated: `path(q, caches..., pages, context, cu, lens,
+    scale, gate)`."""
+    nq, nkv = SHAPES[model]
+    pages = -(-context // PAGE_SIZE)
+    caches = _caches(pages, nkv, True, device)
+    table = torch.randperm(pages, device=device)
+    q, gate = (torch.randn(chunk, nq, HEAD_DIM, device=device, dtype=torch.bfloat16)
+               for _ in range(2))
+    cu = torch.tensor([0, chunk], device=device)
+    lens = torch.tensor([context], device=device)
+    return lambda: path(q, *caches, table, context, cu, lens, HEAD_DIM**-0.5, gate)
+
+
 def _fresh_row(model: str, tokens: int, device: str) -> dict:
     """The engine's path for a lone prompt from position 0 (`fresh_prompt_attention`): its
     INT8 pages gathered and dequantized, then torch's fused attention, with the output gate;
@@ -140,19 +156,30 @@ def _fresh_row(model: str, tokens: int, device: str) -> dict:
     from ninfer_runtime.ops.attention import fresh_prompt_attention
 
     nq, nkv = SHAPES[model]
-    pages = -(-tokens // PAGE_SIZE)
     moved = _kv_bytes(tokens, nkv, True) + 3 * tokens * nq * HEAD_DIM * 2
 
-    def call() -> Call:
-        caches = _caches(pages, nkv, True, device)
-        table = torch.randperm(pages, device=device)
-        q, gate = (torch.randn(tokens, nq, HEAD_DIM, device=device, dtype=torch.bfloat16)
-                   for _ in range(2))
-        return lambda: fresh_prompt_attention(q, *caches, table, HEAD_DIM**-0.5, gate)
+    def fresh(q, k, v, ks, vs, table, context, cu, lens, scale, gate):
+        return fresh_prompt_attention(q, k, v, ks, vs, table, scale, gate)
 
-    us = _time_us([call() for _ in range(_copies(moved))])
+    us = _time_us([_lone_prompt_call(model, tokens, tokens, device, fresh)
+                   for _ in range(_copies(moved))])
     return _flops_row(f"fresh prompt {model} int8 kv (gathered, torch fused attention)", model,
                       tokens, tokens, us)
+
+
+def _gathered_row(model: str, chunk: int, context: int, device: str) -> dict:
+    """The engine's path for a lone prompt chunk after cached context
+    (`gathered_context_attention`): the context's INT8 pages gathered into fp16 pages, then
+    the paged kernel unquantized, gated; beside the paged INT8 kernel's row of the same
+    chunk."""
+    from ninfer_runtime.ops.attention import gathered_context_attention
+
+    nq, nkv = SHAPES[model]
+    moved = _kv_bytes(context, nkv, True) + 3 * chunk * nq * HEAD_DIM * 2
+    us = _time_us([_lone_prompt_call(model, chunk, context, device, gathered_context_attention)
+                   for _ in range(_copies(moved))])
+    return _flops_row(f"gathered context {model} int8 kv (fp16 pages, paged kernel)", model,
+                      chunk, context, us)
 
 
 def _store_call(model: str, tokens: int, device: str) -> Call:
@@ -179,7 +206,8 @@ def _store_row(model: str, tokens: int, device: str) -> dict:
 def bench(device: str = "cuda") -> Iterator[dict]:
     """A lone prompt of 2K-8K tokens in one step through the paged kernel and the engine's
     fresh-prompt path (at 8K also bf16 KV, INT8 in 64-row tiles and dequantized in fp32, and
-    torch's fused attention on bf16 K/V alone), a 1024-token prompt chunk over 8K, decode at
+    torch's fused attention on bf16 K/V alone), a 1024-token prompt chunk over 8K, an 8K chunk
+    over 16K and 32K through the paged kernel and the gathered-context path, decode at
     8K/64K/128K context (batch 1 and 8), and the KV store for a decode step and a prompt
     chunk, each row as it is measured."""
     for model in SHAPES:
@@ -191,6 +219,9 @@ def bench(device: str = "cuda") -> Iterator[dict]:
         yield _prefill_row(model, 8192, 8192, True, device, block_m=64)
         yield _sdpa_row(model, 8192, device)
     yield _prefill_row("27b", 1024, 8192, True, device)
+    for context in (16384, 32768):
+        yield _prefill_row("27b", 8192, context, True, device)
+        yield _gathered_row("27b", 8192, context, device)
     yield from (_decode_row("27b", batch, context, True, device)
                 for batch in (1, 8) for context in (8192, 65536, 131072))
     yield _decode_row("27b", 1, 65536, False, device)
