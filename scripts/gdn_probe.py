@@ -81,7 +81,7 @@ def _kernel_times(fn) -> dict[str, float]:
         for _ in range(CALLS):
             fn()
         torch.cuda.synchronize()
-    return {name: us / CALLS for name, us in by_kernel(prof)}
+    return {name: us / CALLS for name, us, _ in by_kernel(prof)}
 
 
 def _resources(kernel) -> list[str]:
