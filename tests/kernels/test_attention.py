@@ -385,7 +385,7 @@ def test_long_lone_prompts_take_a_gathered_path(context: int, switch: str, path:
 def test_the_plan_holds_the_gathered_context_only_where_it_runs(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """`lone_prompt_gather_bytes`: fp16 K and V of the whole context in whole pages where the
-    gathered path can run (NINFER_OPS=triton until the GPU validates its kernel), else 0."""
+    gathered path can run (the kernels' mode), else 0."""
     args = (1000, 16, 4, 256, torch.device(DEVICE))
     monkeypatch.setenv("NINFER_OPS", "triton")
     assert attention.lone_prompt_gather_bytes(*args) == 2 * 1008 * 4 * 256 * 2

@@ -264,8 +264,7 @@ def _lone_prompt_path(q: torch.Tensor, k_cache: torch.Tensor, context: int) -> s
     """How `paged_attention_with_operand` runs a lone prompt chunk q [T, nq, d] whose context
     is `context` tokens, over caches like k_cache: "fresh" (from position 0, where on a GPU a
     fused attention kernel takes the shapes), "gathered" (after cached context, where the
-    gather kernel runs) or None (the paged kernel: too short, turned off, or the references'
-    mode)."""
+    kernels run) or None (the paged kernel: too short, turned off, or the references' mode)."""
     if (q.shape[0] < FRESH_PROMPT_MIN_TOKENS or not use_triton(q, k_cache)
             or not gathered_paths_on()):
         return None
@@ -273,8 +272,7 @@ def _lone_prompt_path(q: torch.Tensor, k_cache: torch.Tensor, context: int) -> s
         fused = not q.is_cuda or _fused_kernel_runs(q.device, _operand_dtype(q.dtype),
                                                     q.shape[1], k_cache.shape[2], q.shape[2])
         return "fresh" if fused else None
-    return "gathered" if use_triton(q, k_cache, validated=False) and _kernel_fits(q, k_cache) \
-        else None
+    return "gathered" if _kernel_fits(q, k_cache) else None
 
 
 def gathered_paths_on() -> bool:
@@ -288,7 +286,7 @@ def lone_prompt_gather_bytes(max_context: int, page_size: int, nkv: int, d: int,
     `max_context` tokens (in whole pages) in fp16, or 0 where it never runs (the memory plan
     adds it to the prefill workspace, which measures a step from position 0)."""
     probe = torch.empty(0, device=device)
-    if not (gathered_paths_on() and use_triton(probe, validated=False)):
+    if not (gathered_paths_on() and use_triton(probe)):
         return 0
     return 2 * -(-max_context // page_size) * page_size * nkv * d * 2
 
@@ -306,12 +304,12 @@ def fresh_prompt_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     is multiplied by sigmoid(gate) as the reference does. Returns [T, nq, d] in q.dtype.
 
     Where the kernels run, the gather writes each of K and V head-major in one pass and the
-    output's layout change and gate are one more (torch's passes made fp32 temporaries and
-    took ~570 us beside attention's 1,365 on a 27B layer at 8K: docs/perf.md, eighteenth
-    run). Until the GPU has run their tests they are `validated=False` (NINFER_OPS=triton)."""
+    output's layout change and gate are one more (torch's passes made fp32 temporaries: a
+    27B layer's 8K prompt took 1,935 us with them, 1,649 with the kernels, beside 1,336 of
+    torch's attention alone; docs/perf.md, eighteenth and nineteenth runs, H100)."""
     t, dtype = q.shape[0], _operand_dtype(q.dtype)
     used = pages[:-(-t // k_cache.shape[1])]
-    kernels = use_triton(q, k_cache, pages, validated=False)
+    kernels = use_triton(q, k_cache, pages)
     # [1, heads, T, d]: the fused kernels take 4-dimensional inputs only
     k, v = (_gathered_heads(cache, scales, used, t, dtype, kernels)[None]
             for cache, scales in ((k_cache, k_scale), (v_cache, v_scale)))
@@ -345,10 +343,9 @@ def gathered_context_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     page table), over cached context.
     Every tile of a long chunk reads the whole context, so the context is gathered once into
     contiguous pages of fp16 K/V for half queries (dequantized as `fresh_prompt_attention`
-    does) and the paged kernel runs unquantized on them, at the rate it reaches on fp16 K/V
-    (1.86 against 3.29 ms of a 27B layer's 8K prompt over INT8 pages, docs/perf.md, fifteenth
-    run). The gather kernel is `validated=False`: the path runs under NINFER_OPS=triton only
-    until the GPU has run its tests. Returns [T, nq, d] in q.dtype."""
+    does) and the paged kernel runs unquantized on them: a 27B layer's 8K chunk over 16K /
+    32K of context took 5.67 / 13.2 ms so against 9.22 / 22.4 over the INT8 pages
+    (docs/perf.md, nineteenth run, H100). Returns [T, nq, d] in q.dtype."""
     page_size = k_cache.shape[1]
     used = pages[:-(-context // page_size)]
     dtype = _operand_dtype(q.dtype)

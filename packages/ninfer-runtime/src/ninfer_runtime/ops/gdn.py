@@ -211,8 +211,9 @@ def gated_delta_rule_varlen(
 def _takes_fla(v: torch.Tensor) -> bool:
     """NINFER_GDN_PROMPT=fla: fla-core's chunked kernels (the issue's pinned dependency, a GPU
     extra) run the prompt path instead of ours, outside CUDA graph capture (fla reads the
-    segment bounds on the host). Opt-in until timed beside ours on the GPU
-    (`scripts/gdn_probe.py`, docs/perf.md: our three kernels take ~2.2 ms a 27B layer at 8K)."""
+    segment bounds on the host). On a 27B layer's 8K prompt fla's took 790 us against our
+    1,924, within 9e-3 of ours relative to the output's largest (`scripts/gdn_probe.py`,
+    docs/perf.md, nineteenth run, H100); opt-in until the engine has run it end to end."""
     return (os.environ.get("NINFER_GDN_PROMPT") == "fla" and v.is_cuda
             and not torch.cuda.is_current_stream_capturing())
 
