@@ -249,13 +249,12 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 
 # A lone prompt chunk of at least this many tokens takes a gathered path: from position 0
-# `fresh_prompt_attention`, on the H200 torch's fused attention ran a lone 8K prompt of the
-# 27B's shape in 1,372 us where the paged INT8 kernel took 3,286 (docs/perf.md, fifteenth run);
-# on the H100 they tie at 2K (eighteenth run). After cached context
-# `gathered_context_attention`, whose paged kernel on fp16 K/V took 1.86 ms of that 8K
-# prompt. The bound is above the prompt-chunk graphs' steps
-# (engine.device_setup.PROMPT_GRAPH_MAX_TOKENS), which record the paged kernel.
-# NINFER_FRESH_PROMPT=0 turns both paths off, for comparison.
+# `fresh_prompt_attention` (on the H100 a 27B layer's 2K / 8K prompt in 194 / 1,649 us against
+# the paged INT8 kernel's 274 / 3,349), after cached context `gathered_context_attention` (an
+# 8K chunk over 16K / 32K 1.63x / 1.70x the INT8 pages; docs/perf.md, nineteenth run). The
+# bound is set by the prompt-chunk graphs' steps (engine.device_setup.PROMPT_GRAPH_MAX_TOKENS),
+# which record the paged kernel, not by the rates. NINFER_FRESH_PROMPT=0 turns both paths off,
+# for comparison.
 FRESH_PROMPT_MIN_TOKENS = 2049
 FRESH_BLOCK_T = 32  # tokens a program of the gather and output passes takes
 
