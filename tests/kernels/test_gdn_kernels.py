@@ -43,6 +43,7 @@ CONV_DIM = 2 * NK * DK + NV * DV
 @pytest.fixture(autouse=True)
 def kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NINFER_OPS", "triton")
+    monkeypatch.setenv("NINFER_GDN_PROMPT", "ninfer")  # ours, even where fla-core is installed
 
 
 def rand(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -183,6 +184,29 @@ def test_conv_varlen_matches_reference(dtype: torch.dtype, lengths: list[int]) -
     assert torch.equal(got_states, ref_states)
 
 
+@pytest.mark.parametrize("split", [[30, 30, 40], [64, 36], [100]])
+def test_conv_varlen_writes_each_part_contiguous(split: list[int]) -> None:
+    """With `split` (the layer's q | k | v) each part is its own contiguous tensor holding the
+    same bits as those columns of the whole output, and the states move as without it."""
+    lengths = [1, 5, 2, 70, 1]
+    cu, slots = segments(lengths, [3, 0, 5, 1, 4])
+    x = rand(sum(lengths), 107, seed=1, dtype=HALF)[:, 3:103]
+    weight = rand(100, K, seed=2, dtype=HALF)
+    states = rand(6, 100, K - 1, seed=3, dtype=HALF)
+    whole_states, part_states, ref_states = states.clone(), states.clone(), states.clone()
+    whole = causal_conv1d_varlen(x, weight, whole_states, cu, slots)
+    parts = causal_conv1d_varlen(x, weight, part_states, cu, slots, split=split)
+    refs = causal_conv1d_varlen_ref(x, weight, ref_states, cu, slots, split=split)
+    assert len(parts) == len(refs) == len(split)
+    for part, ref, cols in zip(parts, refs, whole.split(split, dim=-1), strict=True):
+        assert part.is_contiguous() and ref.is_contiguous()
+        assert torch.equal(part, cols)
+        close(part, ref)
+    assert torch.equal(part_states, whole_states)
+    with pytest.raises(ValueError, match="split"):
+        causal_conv1d_varlen(x, weight, states.clone(), cu, slots, split=[50, 49])
+
+
 def test_empty_segments_keep_their_state() -> None:
     """A zero-length segment (a padded batch entry) leaves its slot as it was, in the conv
     and in the chunked rule (whose references cannot take empty segments)."""
@@ -251,6 +275,26 @@ def test_the_fla_prompt_path_matches_the_reference(monkeypatch: pytest.MonkeyPat
     assert (out - expected).abs().max() <= 2e-2 * expected.abs().max()
     assert (got - ref).abs().max() <= 2e-2 * ref.abs().max()
     assert torch.equal(got[1], states[1])  # slots no segment names keep their states
+
+
+def test_prompt_kernels_are_fla_where_installed_unless_told(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """NINFER_GDN_PROMPT picks whose chunked kernels run prompts; unset, fla-core's where it
+    imports; asking for fla without it, or for neither, is an error that names the fix."""
+    monkeypatch.delenv("NINFER_GDN_PROMPT")
+    monkeypatch.setattr(gdn, "fla_installed", lambda: True)
+    assert gdn.prompt_kernels() == "fla"
+    monkeypatch.setenv("NINFER_GDN_PROMPT", "ninfer")
+    assert gdn.prompt_kernels() == "ninfer"
+    monkeypatch.setattr(gdn, "fla_installed", lambda: False)
+    monkeypatch.delenv("NINFER_GDN_PROMPT")
+    assert gdn.prompt_kernels() == "ninfer"
+    monkeypatch.setenv("NINFER_GDN_PROMPT", "fla")
+    with pytest.raises(RuntimeError, match=r"ninfer-runtime\[gpu\]"):
+        gdn.prompt_kernels()
+    monkeypatch.setenv("NINFER_GDN_PROMPT", "flash")
+    with pytest.raises(ValueError, match="NINFER_GDN_PROMPT"):
+        gdn.prompt_kernels()
 
 
 def test_chunked_is_stable_on_correlated_keys() -> None:

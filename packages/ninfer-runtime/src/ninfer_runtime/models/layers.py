@@ -105,8 +105,9 @@ def _chunked_gdn(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, w: GDNWe
                  cfg: ModelConfig) -> torch.Tensor:
     """The prompt path of the mixer core: varlen conv, gating, chunked delta rule."""
     n, key_dim = mixed.shape[0], cfg.linear_key_dim
-    mixed = causal_conv1d_varlen(mixed, w.conv1d, state.conv, cu_seqlens, slots)
-    q, k, v = mixed.split([key_dim, key_dim, cfg.linear_value_dim], dim=-1)
+    # q, k and v each contiguous (fla-core's kernels would copy strided views)
+    q, k, v = causal_conv1d_varlen(mixed, w.conv1d, state.conv, cu_seqlens, slots,
+                                   split=(key_dim, key_dim, cfg.linear_value_dim))
     q = q.reshape(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
     k = k.reshape(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
     g, beta = gdn_gating(a, b, w.A_log, w.dt_bias)

@@ -20,6 +20,9 @@ the same order, so its bits do not depend on where the chunks cut the prompt. `c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import accumulate
+
 import torch
 import torch.nn.functional as F
 
@@ -60,7 +63,9 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor,
 
 
 def causal_conv1d_varlen_ref(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor,
-                             cu_seqlens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+                             cu_seqlens: torch.Tensor, slots: torch.Tensor,
+                             split: Sequence[int] | None = None,
+                             ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Reference of `causal_conv1d_varlen`: a host loop over the sequences."""
     out = torch.empty_like(x)
     bounds = cu_seqlens.tolist()
@@ -70,21 +75,32 @@ def causal_conv1d_varlen_ref(x: torch.Tensor, weight: torch.Tensor, states: torc
             out[lo], states[slot] = causal_conv1d_update(x[lo], weight, states[slot])
         else:
             out[lo:hi], states[slot] = causal_conv1d(x[lo:hi], weight, states[slot])
-    return out
+    if split is None:
+        return out
+    return tuple(part.contiguous() for part in out.split(list(split), dim=-1))
 
 
 def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor,
-                         cu_seqlens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+                         cu_seqlens: torch.Tensor, slots: torch.Tensor,
+                         split: Sequence[int] | None = None,
+                         ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Several sequences back to back, each continuing from its slot of a state pool.
 
     x [N, C] (rows may be strided, channels contiguous) holds sequence b at rows
     cu_seqlens[b] .. cu_seqlens[b+1] ([B+1]); its conv state is states[slots[b]] (states
     [num_slots, C, K-1], slots [B]), which this replaces. A one-token sequence takes the decode
-    form, a longer one the prefill form (the kernel does both in one launch). Returns [N, C].
+    form, a longer one the prefill form (the kernel does both in one launch). Returns [N, C],
+    or with `split` (channel counts summing to C, at most three: the GDN layer's q | k | v)
+    one contiguous [N, c] tensor per part, written there directly: fla-core's kernels copy
+    strided views to contiguous ones first (three copies a layer, 11 ms of the 27B's 8K
+    prompt step, docs/perf.md, twentieth run).
     """
+    if split is not None and (sum(split) != x.shape[1] or not 1 <= len(split) <= 3):
+        raise ValueError(f"split {tuple(split)} must be one to three parts of {x.shape[1]} "
+                         "channels")
     if not use_triton(x, weight, states, cu_seqlens, slots):
-        return causal_conv1d_varlen_ref(x, weight, states, cu_seqlens, slots)
-    return _launch_conv_varlen(x, weight, states, cu_seqlens, slots)
+        return causal_conv1d_varlen_ref(x, weight, states, cu_seqlens, slots, split)
+    return _launch_conv_varlen(x, weight, states, cu_seqlens, slots, split)
 
 
 def check_conv_args(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor,
@@ -103,18 +119,29 @@ def check_conv_args(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor,
 
 
 def _launch_conv_varlen(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor,
-                        cu_seqlens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+                        cu_seqlens: torch.Tensor, slots: torch.Tensor,
+                        split: Sequence[int] | None) -> torch.Tensor | tuple[torch.Tensor, ...]:
     check_conv_args(x, weight, states, cu_seqlens, slots)
     channels, kernel = weight.shape
+    rows = x.shape[0]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    # out holds each part as a flat [rows, width] block from (its first channel) * rows on;
+    # the kernel takes the second and third parts' first channels (C for parts that are not)
+    ends = list(accumulate(split or [channels]))
+    second, third = ends[:-1] + [channels] * (3 - len(ends))
     assert kernel - 1 <= _CONV_ROWS, "a time tile must hold the rows the taps reach back"
     seqs = slots.shape[0]
-    grid = (num_blocks(x.shape[0], seqs, _CONV_ROWS), triton.cdiv(channels, _CONV_CHANNELS))
+    grid = (num_blocks(rows, seqs, _CONV_ROWS), triton.cdiv(channels, _CONV_CHANNELS))
     _conv_varlen_kernel[grid](
-        x, weight, states, out, cu_seqlens, slots, seqs, channels, x.stride(0),
-        weight.stride(0), *states.stride(), K=kernel, KP=triton.next_power_of_2(kernel),
-        BLOCK_T=_CONV_ROWS, BLOCK_C=_CONV_CHANNELS, num_warps=4)
-    return out
+        x, weight, states, out, cu_seqlens, slots, seqs, channels, rows, second, third,
+        x.stride(0), weight.stride(0), *states.stride(), K=kernel,
+        KP=triton.next_power_of_2(kernel), BLOCK_T=_CONV_ROWS, BLOCK_C=_CONV_CHANNELS,
+        num_warps=4)
+    if split is None:
+        return out
+    flat = out.view(-1)
+    return tuple(flat[first * rows:end * rows].view(rows, end - first)
+                 for first, end in zip([0, *ends[:-1]], ends, strict=True))
 
 
 # a program's tile: 32 rows of one sequence by 64 channels, 4 warps (Triton 3.6, sm_90: 122
@@ -195,12 +222,23 @@ if triton is not None:
         return acc
 
     @triton.jit
+    def _part_offsets(rows, ch, N, C, SECOND, THIRD):
+        """[R, CH] offsets of rows x channels in the flat output of N rows whose channels split
+        into parts at SECOND and THIRD (C: no such part), each a row-major [N, width] block
+        starting at its first channel times N (one part: [N, C] itself)."""
+        first = tl.where(ch >= THIRD, THIRD, tl.where(ch >= SECOND, SECOND, 0))
+        end = tl.where(ch >= THIRD, C, tl.where(ch >= SECOND, THIRD, SECOND))
+        return (first.to(tl.int64) * N)[None, :] + rows.to(tl.int64)[:, None] * \
+            (end - first)[None, :] + (ch - first)[None, :]
+
+    @triton.jit
     def _conv_varlen_kernel(x_ptr, w_ptr, states_ptr, out_ptr, cu_ptr, slot_ptr, num_seqs, C,
-                            stride_x, stride_w, stride_ss, stride_sc, stride_sk,
+                            N, SECOND, THIRD, stride_x, stride_w, stride_ss, stride_sc, stride_sk,
                             K: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr,
                             BLOCK_C: tl.constexpr):
         """Program (time tile, channel block): see the module docstring. The first tile's
-        first K-1 rows, whose taps reach into the conv state, are a small tile of their own."""
+        first K-1 rows, whose taps reach into the conv state, are a small tile of their own.
+        Channels SECOND .. and THIRD .. go to parts of their own (`_part_offsets`)."""
         seq, t0 = block_of(cu_ptr, tl.program_id(0), num_seqs, BLOCK_T)
         lo, hi = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
         if t0 >= hi:  # a spare program (or an empty segment, whose state stays)
@@ -212,7 +250,7 @@ if triton is not None:
         body = (rows < hi) & (rows >= lo + K - 1)
         acc = _conv_rows(x_ptr, stride_x, w_ptr, stride_w, state_ptr, stride_sc, stride_sk,
                          rows, lo, ch, cmask, body[:, None] & cmask[None, :], K, False)
-        tl.store(out_ptr + rows.to(tl.int64)[:, None] * C + ch[None, :],
+        tl.store(out_ptr + _part_offsets(rows, ch, N, C, SECOND, THIRD),
                  (acc * tl.sigmoid(acc)).to(out_ptr.dtype.element_ty),
                  mask=body[:, None] & cmask[None, :])
         if t0 == lo:  # the first tile, the only reader of the old state
@@ -221,7 +259,7 @@ if triton is not None:
             mask = live[:, None] & cmask[None, :]
             head_acc = _conv_rows(x_ptr, stride_x, w_ptr, stride_w, state_ptr, stride_sc,
                                   stride_sk, head, lo, ch, cmask, mask, K, True)
-            tl.store(out_ptr + head.to(tl.int64)[:, None] * C + ch[None, :],
+            tl.store(out_ptr + _part_offsets(head, ch, N, C, SECOND, THIRD),
                      (head_acc * tl.sigmoid(head_acc)).to(out_ptr.dtype.element_ty), mask=mask)
             store_conv_window(x_ptr, stride_x, state_ptr, state_ptr, stride_sc, stride_sk,
                               hi - 1, lo, ch, cmask, K, KP)

@@ -208,13 +208,40 @@ def gated_delta_rule_varlen(
     return _launch_chunked(q, k, v, g, beta, states, cu_seqlens, slots)
 
 
+PROMPT_KERNELS = ("fla", "ninfer")
+
+
+def prompt_kernels() -> str:
+    """Whose chunked kernels run the GDN prompt path on the GPU: NINFER_GDN_PROMPT (`fla` or
+    `ninfer`), by default fla-core's where it is installed (the `gpu` extra), else ours.
+
+    fla's took 790 us of a 27B layer's 8K prompt against our 1,924 (`scripts/gdn_probe.py`,
+    nineteenth run, H100) and the 27B's one-step 8K prefill from 10,830 to 11,323 tok/s
+    (twentieth run, H200). They keep bf16 intermediates where ours keep fp32 (within 9e-3 of
+    ours relative to the output's largest). Graph capture always takes ours: fla reads the
+    segment bounds on the host."""
+    choice = os.environ.get("NINFER_GDN_PROMPT", "").strip().lower()
+    if choice and choice not in PROMPT_KERNELS:
+        raise ValueError(f"NINFER_GDN_PROMPT={choice!r}: expected one of {PROMPT_KERNELS}")
+    if choice == "fla" and not fla_installed():
+        raise RuntimeError("NINFER_GDN_PROMPT=fla needs fla-core: pip install "
+                           "'ninfer-runtime[gpu]'")
+    return choice or ("fla" if fla_installed() else "ninfer")
+
+
+@cache
+def fla_installed() -> bool:
+    """Whether fla-core's gated delta rule kernels import (asked once a process)."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _takes_fla(v: torch.Tensor) -> bool:
-    """NINFER_GDN_PROMPT=fla: fla-core's chunked kernels (the issue's pinned dependency, a GPU
-    extra) run the prompt path instead of ours, outside CUDA graph capture (fla reads the
-    segment bounds on the host). On a 27B layer's 8K prompt fla's took 790 us against our
-    1,924, within 9e-3 of ours relative to the output's largest (`scripts/gdn_probe.py`,
-    docs/perf.md, nineteenth run, H100); opt-in until the engine has run it end to end."""
-    return (os.environ.get("NINFER_GDN_PROMPT") == "fla" and v.is_cuda
+    """The prompt path runs fla-core's kernels (`prompt_kernels`) on v's device now."""
+    return (v.is_cuda and prompt_kernels() == "fla"
             and not torch.cuda.is_current_stream_capturing())
 
 
