@@ -41,7 +41,7 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
-from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
+from ninfer_runtime.ops.dispatch import INTERPRET, runs_triton_on, use_triton
 from ninfer_runtime.ops.kv_quant import dequantize_int8, quantize_int8
 from ninfer_runtime.ops.launch import dot_precision, options
 from ninfer_runtime.ops.quant_linear import DecodeOperand, operand_buffers
@@ -284,8 +284,7 @@ def lone_prompt_gather_bytes(max_context: int, page_size: int, nkv: int, d: int,
     """The most `gathered_context_attention` holds at once: K and V of a whole context of
     `max_context` tokens (in whole pages) in fp16, or 0 where it never runs (the memory plan
     adds it to the prefill workspace, which measures a step from position 0)."""
-    probe = torch.empty(0, device=device)
-    if not (gathered_paths_on() and use_triton(probe)):
+    if not (gathered_paths_on() and runs_triton_on(torch.device(device))):
         return 0
     return 2 * -(-max_context // page_size) * page_size * nkv * d * 2
 
@@ -354,8 +353,8 @@ def gathered_context_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
             for cache, scales in ((k_cache, k_scale), (v_cache, v_scale)))
     table = torch.arange(used.shape[0], device=q.device)[None]
     out, _ = _paged_attention_triton(q.to(dtype), k, v, None, None, table, cu_seqlens,
-                                     context_lens, scale, gate)
-    return out.to(q.dtype)
+                                     context_lens, scale, gate, out_dtype=q.dtype)
+    return out
 
 
 def _operand_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -897,12 +896,14 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             gate: torch.Tensor | None = None, *, causal: bool = True,
                             window: int | None = None, num_splits: int | None = None,
                             min_split_tokens: int = MIN_SPLIT_TOKENS,
-                            operand_spec: tuple[int, bool] | None = None
+                            operand_spec: tuple[int, bool] | None = None,
+                            out_dtype: torch.dtype | None = None
                             ) -> tuple[torch.Tensor, DecodeOperand | None]:
     """Launches the attention kernel (and the split merge when the context is split): the
-    output and, with `operand_spec` (group, sums) and a split context, its decode operand
-    that the merge writes (`paged_attention_with_operand`), else None. num_splits /
-    min_split_tokens override the plan (tests reach the split path with them)."""
+    output (in out_dtype, by default q's) and, with `operand_spec` (group, sums) and a split
+    context, its decode operand that the merge writes (`paged_attention_with_operand`), else
+    None. num_splits / min_split_tokens override the plan (tests reach the split path with
+    them)."""
     n, nq, d = q.shape
     _, page_size, nkv, _ = k_cache.shape
     num_seqs = context_lens.shape[0]
@@ -920,7 +921,7 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     group = d // k_scale.shape[-1] if quant else d
     plan = launch_plan(n, num_seqs, nq // nkv, nkv, _num_sms(q.device), num_splits)
     assert plan.num_splits == _pow2(plan.num_splits)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
     split = plan.num_splits > 1
     part_out = torch.empty((n, nq, plan.num_splits, d) if split else (1,), dtype=torch.float32,
                            device=q.device)

@@ -40,7 +40,16 @@ def ops_mode() -> str:
 
 def use_triton(*tensors: torch.Tensor, validated: bool = True) -> bool:
     """True when the op should launch its Triton kernel on these tensors."""
+    return _launches(all(t.is_cuda for t in tensors), validated)
+
+
+def runs_triton_on(*devices: torch.device, validated: bool = True) -> bool:
+    """`use_triton` for tensors on these devices (what a plan asks before any exist)."""
+    return _launches(all(d.type == "cuda" for d in devices), validated)
+
+
+def _launches(on_cuda: bool, validated: bool) -> bool:
     mode = ops_mode()
     if mode == "ref" or not triton_available():
         return False
-    return mode == "triton" or (validated and all(t.is_cuda for t in tensors))
+    return mode == "triton" or (validated and on_cuda)
