@@ -17,6 +17,7 @@ inverse against recursive doubling: docs/perf.md, fourteenth run.)
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 import triton
@@ -187,6 +188,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--models", default="27B,35B-A3B")
     args = p.parse_args()
+    os.environ["NINFER_GDN_PROMPT"] = "ninfer"  # ours, timed beside fla's (its own call)
     for label in args.models.split(","):
         probe(label, args.tokens)
 

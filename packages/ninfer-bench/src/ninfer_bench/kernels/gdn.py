@@ -32,6 +32,7 @@ from ninfer_runtime.ops.gdn import (
     gated_delta_rule_varlen,
     gdn_decode,
     gdn_gating,
+    prompt_kernels,
 )
 from ninfer_runtime.profiles import get_profile
 
@@ -158,7 +159,7 @@ def _prefill_rows(label: str, cfg: ModelConfig, device: str) -> list[dict]:
         us = _time_us(lambda q=q, k=k, v=v, g=g, beta=beta, cu=cu, slots=slots:
                       gated_delta_rule_varlen(q, k, v, g, beta, states, cu, slots))
         flops = _chunk_flops(m, nv, dk, dv)
-        rows.append({"op": "gated_delta_rule_varlen (chunked)",
+        rows.append({"op": f"gated_delta_rule_varlen (chunked, {prompt_kernels()}'s)",
                      "shape": f"{label} T={m} nk={nk} nv={nv}", "time_us": us, "flops": flops,
                      "tokens_per_s": m / (us * 1e-6),
                      "ratio_to_ceiling": flops / BF16_FLOPS / (us * 1e-6),
