@@ -106,6 +106,12 @@ def test_step_batch_layout() -> None:
     assert b.slot_mapping.tolist() == [5, 6, 7, 0, 11, 12]
     assert b.state_slots.tolist() == [2, 0, 1]
     assert b.logits_rows.tolist() == [2, 4, 5]
+    assert b.chunked_cu_seqlens.tolist() == [0, 3, 4, 6]  # no recurrent segment
+    verify = Segment([1, 2], start=4, pages=[0, 5], state_slot=3, snapshot_slots=[7, 3])
+    mixed = StepBatch.build([verify, segments[0]], page_size=4, device="cpu")
+    assert (mixed.recurrent_tokens, mixed.chunked_cu_seqlens.tolist()) == (2, [0, 3])
+    decode = StepBatch.build([segments[1], segments[1]], page_size=4, device="cpu")
+    assert (decode.recurrent_tokens, decode.chunked_cu_seqlens.tolist()) == (2, [0])
     tensors = [t for f in dataclasses.fields(b) if isinstance(t := getattr(b, f.name),
                                                                torch.Tensor)]
     assert all(t.dtype == torch.int64 and t.is_contiguous() for t in tensors)

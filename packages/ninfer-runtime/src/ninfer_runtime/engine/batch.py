@@ -52,6 +52,10 @@ class StepBatch:
     slot_mapping: torch.Tensor  # [N]: flat KV slot (page * page_size + offset) of each token
     state_slots: torch.Tensor  # [B]: GDN state slot of each sequence
     logits_rows: torch.Tensor  # [R]: rows whose logits the caller needs, in segment order
+    # cu_seqlens of the segments after the first recurrent_seqs (the chunked path's), counted
+    # from row recurrent_tokens: one tensor for every layer of the step (fla-core caches the
+    # chunk indices it derives from it, on the host, by the tensor)
+    chunked_cu_seqlens: torch.Tensor
     # [recurrent_tokens]: GDN state slot after each recurrent row (None: the segments' own)
     snapshot_slots: torch.Tensor | None = None
     # NOTE: host-side, so layers choose the GDN path without a device sync: rows [0,
@@ -113,6 +117,8 @@ class StepBatch:
             "slot_mapping": slots,
             "state_slots": [s.state_slot for s in segments],
             "logits_rows": rows,
+            "chunked_cu_seqlens": [0, *accumulate(len(s.token_ids)
+                                                  for s in segments[len(recurrent):])],
         }
         if verify:
             fields["snapshot_slots"] = [slot for s in recurrent

@@ -92,8 +92,7 @@ def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: Step
             heads_z, w.norm, cfg.rms_norm_eps, decode_operand_spec(z, w.out_proj)))
     else:
         parts = [gdn_decode(*recurrent)] if r else []
-        cu_seqlens = batch.cu_seqlens[seqs:] - r if r else batch.cu_seqlens
-        parts.append(_chunked_gdn(mixed[r:], a[r:], b[r:], w, state, cu_seqlens,
+        parts.append(_chunked_gdn(mixed[r:], a[r:], b[r:], w, state, batch.chunked_cu_seqlens,
                                   batch.state_slots[seqs:], cfg))
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         out, operand = gated_norm(out, heads_z, w.norm, cfg.rms_norm_eps, w.out_proj)
