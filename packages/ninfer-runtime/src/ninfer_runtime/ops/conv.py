@@ -126,17 +126,20 @@ def _launch_conv_varlen(x: torch.Tensor, weight: torch.Tensor, states: torch.Ten
     rows = x.shape[0]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     # out holds each part as a flat [rows, width] block from (its first channel) * rows on;
-    # the kernel takes the second and third parts' first channels (C for parts that are not)
+    # the kernel takes the second and third parts' first channels (C for parts that are not),
+    # and a channel block never straddles two parts (so its stores stay vectorized)
     ends = list(accumulate(split or [channels]))
     second, third = ends[:-1] + [channels] * (3 - len(ends))
+    block_c = _CONV_CHANNELS
+    while any(first % block_c for first in ends[:-1]):
+        block_c //= 2
     assert kernel - 1 <= _CONV_ROWS, "a time tile must hold the rows the taps reach back"
     seqs = slots.shape[0]
-    grid = (num_blocks(rows, seqs, _CONV_ROWS), triton.cdiv(channels, _CONV_CHANNELS))
+    grid = (num_blocks(rows, seqs, _CONV_ROWS), triton.cdiv(channels, block_c))
     _conv_varlen_kernel[grid](
         x, weight, states, out, cu_seqlens, slots, seqs, channels, rows, second, third,
         x.stride(0), weight.stride(0), *states.stride(), K=kernel,
-        KP=triton.next_power_of_2(kernel), BLOCK_T=_CONV_ROWS, BLOCK_C=_CONV_CHANNELS,
-        num_warps=4)
+        KP=triton.next_power_of_2(kernel), BLOCK_T=_CONV_ROWS, BLOCK_C=block_c, num_warps=4)
     if split is None:
         return out
     flat = out.view(-1)
@@ -222,14 +225,16 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _part_offsets(rows, ch, N, C, SECOND, THIRD):
-        """[R, CH] offsets of rows x channels in the flat output of N rows whose channels split
-        into parts at SECOND and THIRD (C: no such part), each a row-major [N, width] block
-        starting at its first channel times N (one part: [N, C] itself)."""
-        first = tl.where(ch >= THIRD, THIRD, tl.where(ch >= SECOND, SECOND, 0))
-        end = tl.where(ch >= THIRD, C, tl.where(ch >= SECOND, THIRD, SECOND))
-        return (first.to(tl.int64) * N)[None, :] + rows.to(tl.int64)[:, None] * \
-            (end - first)[None, :] + (ch - first)[None, :]
+    def _part_offsets(rows, c0, ch, N, C, SECOND, THIRD):
+        """[R, CH] offsets of rows x channels (ch: the channel block from c0, within one part)
+        in the flat output of N rows whose channels split into parts at SECOND and THIRD (C: no
+        such part), each a row-major [N, width] block starting at its first channel times N
+        (one part: [N, C] itself). The part is found from c0, a scalar, so that the offsets
+        stay contiguous along ch for the compiler."""
+        first = tl.where(c0 >= THIRD, THIRD, tl.where(c0 >= SECOND, SECOND, 0))
+        end = tl.where(c0 >= THIRD, C, tl.where(c0 >= SECOND, THIRD, SECOND))
+        return first.to(tl.int64) * N + rows.to(tl.int64)[:, None] * (end - first) + \
+            (ch - first)[None, :]
 
     @triton.jit
     def _conv_varlen_kernel(x_ptr, w_ptr, states_ptr, out_ptr, cu_ptr, slot_ptr, num_seqs, C,
@@ -244,13 +249,14 @@ if triton is not None:
         if t0 >= hi:  # a spare program (or an empty segment, whose state stays)
             return
         state_ptr = states_ptr + tl.load(slot_ptr + seq) * stride_ss
-        ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        c0 = tl.program_id(1) * BLOCK_C
+        ch = c0 + tl.arange(0, BLOCK_C)
         cmask = ch < C
         rows = t0 + tl.arange(0, BLOCK_T)
         body = (rows < hi) & (rows >= lo + K - 1)
         acc = _conv_rows(x_ptr, stride_x, w_ptr, stride_w, state_ptr, stride_sc, stride_sk,
                          rows, lo, ch, cmask, body[:, None] & cmask[None, :], K, False)
-        tl.store(out_ptr + _part_offsets(rows, ch, N, C, SECOND, THIRD),
+        tl.store(out_ptr + _part_offsets(rows, c0, ch, N, C, SECOND, THIRD),
                  (acc * tl.sigmoid(acc)).to(out_ptr.dtype.element_ty),
                  mask=body[:, None] & cmask[None, :])
         if t0 == lo:  # the first tile, the only reader of the old state
@@ -259,7 +265,7 @@ if triton is not None:
             mask = live[:, None] & cmask[None, :]
             head_acc = _conv_rows(x_ptr, stride_x, w_ptr, stride_w, state_ptr, stride_sc,
                                   stride_sk, head, lo, ch, cmask, mask, K, True)
-            tl.store(out_ptr + _part_offsets(head, ch, N, C, SECOND, THIRD),
+            tl.store(out_ptr + _part_offsets(head, c0, ch, N, C, SECOND, THIRD),
                      (head_acc * tl.sigmoid(head_acc)).to(out_ptr.dtype.element_ty), mask=mask)
             store_conv_window(x_ptr, stride_x, state_ptr, state_ptr, stride_sc, stride_sk,
                               hi - 1, lo, ch, cmask, K, KP)
