@@ -228,3 +228,15 @@ def test_the_kernel_breakdown_counts_each_kernels_launches() -> None:
                      "breakdown": {"eager decode step ctx8_c1": rows}})
     assert "27 us of kernels in 3 launches" in text
     assert "| `_decode_kernel` | 24.0 | 88.9% | 2 | 12.00 |" in text
+
+
+def test_the_header_names_the_gdn_prompt_kernels() -> None:
+    """A GPU report says whose chunked GDN kernels ran its prompts (fla-core's or ours: the
+    prefill figures differ by ~5%); a CPU one (reference ops) says nothing of them."""
+    from ninfer_bench.engine_bench import markdown
+
+    report = {"artifact": "a", "spec": "none", "startup_s": 1.0, "rows": [], "breakdown": {},
+              "prefill_chunk": 8192, "step_tokens": 8192}
+    assert "GDN prompt kernels" not in markdown(report | {"gdn_prompt_kernels": None})
+    assert "8,192 tokens a step), GDN prompt kernels fla's, startup" in markdown(
+        report | {"gdn_prompt_kernels": "fla"})

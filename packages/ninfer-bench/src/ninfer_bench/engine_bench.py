@@ -45,6 +45,7 @@ from ninfer_runtime.engine import Engine, EngineConfig, EngineRequest, SamplingP
 from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs
 from ninfer_runtime.engine.kv_pool import kv_bytes_per_token
 from ninfer_runtime.models.qwen3_5 import Qwen3_5Model
+from ninfer_runtime.ops.gdn import prompt_kernels
 from ninfer_runtime.quant import PackedWeight
 
 BANDWIDTH = 4.24e12  # B/s, measured copy bandwidth of the H200 (BENCHMARKS.md)
@@ -422,6 +423,9 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
         (" lm-head-draft" if lm_head_draft else "")
     report: dict = {"artifact": artifact, "spec": mode, "overlap_decode": overlap_decode,
                     "prefill_chunk": config.prefill_chunk, "step_tokens": config.step_tokens,
+                    # whose chunked GDN kernels the prompts ran (a GPU's: fla-core's or ours)
+                    "gdn_prompt_kernels": prompt_kernels()
+                    if torch.device(device).type == "cuda" else None,
                     "startup_s": time.perf_counter() - start,
                     "memory_plan": engine.memory_plan.table() if engine.memory_plan else None,
                     "startup_compiles": len(startup_compiles),
@@ -476,6 +480,8 @@ def markdown(report: dict, top: int = 15) -> str:
     overlap = "" if report.get("overlap_decode", True) else ", decode not overlapped"
     chunks = f", prefill chunk {report['prefill_chunk']:,} ({report['step_tokens']:,} tokens " \
         "a step)" if "prefill_chunk" in report else ""
+    if report.get("gdn_prompt_kernels"):
+        chunks += f", GDN prompt kernels {report['gdn_prompt_kernels']}'s"
     lines = [f"artifact `{report['artifact']}`, spec {report['spec']}{overlap}{chunks}, "
              f"startup {report['startup_s']:.1f} s "
              f"({report.get('startup_compiles', 0)} Triton compilations: "
