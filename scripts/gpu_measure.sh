@@ -87,6 +87,11 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
     eng35nofresh) NINFER_FRESH_PROMPT=0 engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1 \
                     $ONE_STEP --no-breakdown --output "$out/no-fresh" ;;
     eng35one) engine 420 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 $ONE_STEP --output "$out/one-step" ;;
+    # the one-step prefill with our GDN prompt kernels where fla-core's are the default (ops.gdn)
+    eng27ours) NINFER_GDN_PROMPT=ninfer engine 240 qwen3_6_27b_nvfp4 --concurrency 1 $ONE_STEP \
+                 --no-breakdown --output "$out/ours" ;;
+    eng35ours) NINFER_GDN_PROMPT=ninfer engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1 \
+                 $ONE_STEP --no-breakdown --output "$out/ours" ;;
     mtp35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
              --spec mtp --draft-tokens 3 --lm-head-draft ;;
     dflash35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
