@@ -118,32 +118,32 @@ def _forced(kernel, fn) -> list[tuple[str, float]]:
     return rows
 
 
-def _fla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-         beta: torch.Tensor, states: torch.Tensor, ours) -> None:
+def _fla(states: torch.Tensor, ours) -> None:
     """fla-core's chunked gated delta rule (the issue's acceptable dependency, bf16
-    intermediates) on the same prompt, its kernels' time and its output against ours."""
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    except ImportError:
+    intermediates) on the same prompt through the engine's own path (`ops.gdn._launch_fla`,
+    NINFER_GDN_PROMPT=fla), its kernels' time and its output against ours."""
+    if not gdn.fla_installed():
         print("  fla-core: not installed")
         return
 
     def run() -> torch.Tensor:
-        return chunk_gated_delta_rule(
-            q[None], k[None], v[None], g[None], beta[None], scale=q.shape[-1] ** -0.5,
-            initial_state=torch.zeros_like(states), output_final_state=True,
-            use_qk_l2norm_in_kernel=True)[0][0]
+        os.environ["NINFER_GDN_PROMPT"] = "fla"
+        try:
+            return ours()
+        finally:
+            os.environ["NINFER_GDN_PROMPT"] = "ninfer"
 
     try:
         times = _kernel_times(run)
     except Exception as e:  # noqa: BLE001 - a probe line, not a reason to lose the rest
         print(f"  fla-core: {type(e).__name__}: {e}")
         return
-    print(f"  fla-core chunk_gated_delta_rule: {sum(times.values()):.1f} us a call")
+    print(f"  fla-core (the engine's fla path): {sum(times.values()):.1f} us a call")
     for name, us in sorted(times.items(), key=lambda kv: -kv[1]):
         print(f"    {name[:58]:<58} {us:9.1f} us")
     states.zero_()
     mine = ours()
+    states.zero_()
     theirs = run().float()
     print(f"  max |fla - ours| / max |ours|: "
           f"{((theirs - mine.float()).abs().max() / mine.float().abs().max()).item():.2e}")
@@ -176,7 +176,7 @@ def probe(label: str, tokens: int) -> None:
     for what, us in _forced(gdn.scan_kernel(dv), run):
         print(f"    {what:<30} {us:9.1f} us")
     _inverses(-(-tokens // gdn.CHUNK_SIZE) * nv)
-    _fla(q, k, v, g, beta, states, run)
+    _fla(states, run)
     for kernel in (gdn._gdn_chunk_prepare_kernel, gdn._gdn_chunked_kernel,
                    gdn._gdn_chunk_output_kernel, _inverse_kernel):
         print(f"  {_jit(kernel).__name__}:")

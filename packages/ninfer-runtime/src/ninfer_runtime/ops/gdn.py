@@ -240,7 +240,8 @@ def fla_installed() -> bool:
 
 
 def _takes_fla(v: torch.Tensor) -> bool:
-    """The prompt path runs fla-core's kernels (`prompt_kernels`) on v's device now."""
+    """Whether this prompt step runs fla-core's kernels: on a GPU, where `prompt_kernels`
+    says so, outside graph capture."""
     return (v.is_cuda and prompt_kernels() == "fla"
             and not torch.cuda.is_current_stream_capturing())
 
