@@ -106,16 +106,20 @@ def test_half_steps_give_the_reference_logits(quantized, monkeypatch: pytest.Mon
                                               against_reference: bool) -> None:
     """The token tests above run fp32, which never takes the decode GEMV (half activations
     only) nor the operands its producers write for it. In half precision a prompt of 5
-    tokens (decode GEMV rows too) and two one-token steps give the reference ops' logits to
-    half rounding, and the same logits bit for bit whether the producers hand their operands
-    on or each GEMV makes its own."""
+    tokens (decode GEMV rows too) and two one-token steps are as close to the fp32 logits as
+    the reference ops in the same half type are (half rounding), and give the same logits bit
+    for bit whether the producers hand their operands on or each GEMV makes its own.
+
+    Both half runs are measured against fp32, not against each other: in bf16 each is ~4% of
+    the largest logit off, so their difference can reach twice that (the H100 showed one logit
+    of 8,064 at 4.3% while each path's own error stayed at the reference's)."""
     from ninfer_runtime.models import layers
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float16  # interpreter: no bf16 dots
     ids = torch.tensor(prompt(7, 3))
 
-    def run(mode: str) -> torch.Tensor:
+    def run(mode: str, dtype: torch.dtype = dtype) -> torch.Tensor:
         monkeypatch.setenv("NINFER_OPS", mode)
         model = load_artifact(quantized(kind, weights), device, dtype=dtype).model
         cache = model.new_cache()
@@ -155,9 +159,10 @@ def test_half_steps_give_the_reference_logits(quantized, monkeypatch: pytest.Mon
         # and the plain one does not); the operands themselves are the same bits either way
         torch.testing.assert_close(own, triton, rtol=0, atol=1e-2 * triton.abs().max().item())
     if against_reference:
-        ref = run("ref")
-        tol = 4e-2 if dtype == torch.bfloat16 else 1e-2
-        torch.testing.assert_close(triton, ref, rtol=0, atol=tol * ref.abs().max().item())
+        exact = run("ref", torch.float32)
+        half_rounding = (run("ref").float() - exact).abs().max().item()
+        assert 0 < half_rounding < 0.1 * exact.abs().max().item()
+        assert (triton.float() - exact).abs().max().item() <= 2 * half_rounding
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
