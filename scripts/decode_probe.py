@@ -37,8 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer_bench.ceilings import ceilings
 from ninfer_bench.kernels.linear import (
-    BANDWIDTH,
     MODELS,
     _timed,
     projections,
@@ -188,7 +188,7 @@ def main() -> None:
                 continue
             lines.append(f"| {name} {n}x{k} | {mode} | BN={c.bn} BK={c.bk} w={c.warps} "
                          f"s={c.stages} d={c.dots} | {splits} | {us:.1f} "
-                         f"| {100 * size / BANDWIDTH / (us * 1e-6):.1f}% |")
+                         f"| {100 * size / ceilings().bandwidth / (us * 1e-6):.1f}% |")
             print(lines[-1], flush=True)
         del ws
         torch.cuda.empty_cache()

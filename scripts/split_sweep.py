@@ -18,8 +18,8 @@ import argparse
 
 import torch
 
+from ninfer_bench.ceilings import ceilings
 from ninfer_bench.kernels.linear import (
-    BANDWIDTH,
     MODELS,
     _rotating,
     _timed,
@@ -59,7 +59,7 @@ def main() -> None:
                                  f"| {plan.splits} "
                                  f"| BN={cfg.bn} w={cfg.warps} s={cfg.stages} d={cfg.dots} "
                                  f"| {us:.1f} "
-                                 f"| {100 * moved / BANDWIDTH / (us * 1e-6):.1f}% |")
+                                 f"| {100 * moved / ceilings().bandwidth / (us * 1e-6):.1f}% |")
                     print(lines[-1], flush=True)
             del ws
     save_table(lines, "split_sweep.md")

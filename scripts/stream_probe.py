@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer_bench.ceilings import ceilings
 from ninfer_bench.kernels.linear import (
-    BANDWIDTH,
     MODELS,
     _rotating,
     _timed,
@@ -109,7 +109,7 @@ def main() -> None:
 
     def report(name: str, kernel: str, us: float, moved: int) -> None:
         lines.append(f"| {name} | {kernel} | {us:.1f} | "
-                     f"{100 * moved / BANDWIDTH / (us * 1e-6):.1f}% |")
+                     f"{100 * moved / ceilings().bandwidth / (us * 1e-6):.1f}% |")
         print(lines[-1], flush=True)
 
     for name, (n, k) in projections(get_profile(MODELS["27B"]).config).items():

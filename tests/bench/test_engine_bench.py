@@ -55,6 +55,8 @@ def test_engine_bench_reports_prefill_and_decode_rows(artifact: Path, tmp_path: 
                 assert r["tokens_per_step"] == r["concurrency"]
     text = report_file.with_suffix(".md").read_text()
     assert "| decode | 70 | 3 |" in text and "prefill chunk 32 (48 tokens a step)" in text
+    # no GPU: the H200's published ceilings stand in, and the report says so
+    assert report["ceilings"]["bandwidth"] == 4.24e12 and "no GPU here" in text
 
 
 def test_footprint_counts_the_weights_one_token_reads(artifact: Path) -> None:

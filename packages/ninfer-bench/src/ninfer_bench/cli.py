@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import platform
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
 import click
 
+from ninfer_bench.ceilings import Ceilings
 from ninfer_bench.commands import COMMANDS
 from ninfer_bench.machine import commit as _commit
 from ninfer_runtime.engine.config import EngineConfig
@@ -43,6 +45,7 @@ def kernels(only: tuple[str, ...], device: str, output: Path) -> None:
     """Per-op kernel microbenchmarks against their bandwidth or FLOP ceiling."""
     import torch
 
+    from ninfer_bench.ceilings import ceilings
     from ninfer_bench.kernels import suites
 
     available = suites()
@@ -51,7 +54,7 @@ def kernels(only: tuple[str, ...], device: str, output: Path) -> None:
         raise click.ClickException(f"unknown suites {sorted(unknown)}; known: {sorted(available)}")
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
     report = {"gpu": gpu, "commit": _commit(), "date": datetime.now(timezone.utc).isoformat(),
-              "rows": []}
+              "ceilings": asdict(ceilings(device)), "rows": []}
     rows = report["rows"]
     output.mkdir(parents=True, exist_ok=True)
     for name, bench in available.items():
@@ -71,7 +74,8 @@ def kernels(only: tuple[str, ...], device: str, output: Path) -> None:
 def _write_kernels(output: Path, report: dict) -> None:
     """The report so far; each file replaced whole, so that a run killed while writing leaves
     the previous version, never half a file."""
-    md = f"GPU {report['gpu']}, commit {report['commit']}, {report['date']}\n\n"
+    md = (f"GPU {report['gpu']}, commit {report['commit']}, {report['date']}; "
+          f"{Ceilings(**report['ceilings']).describe()}\n\n")
     for name, text in (("kernels.json", json.dumps(report, indent=1)),
                        ("kernels.md", md + _markdown(report["rows"]))):
         tmp = output / f".{name}.tmp"

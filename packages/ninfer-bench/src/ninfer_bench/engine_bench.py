@@ -4,7 +4,7 @@ No server, no HTTP: the engine is driven directly, so the figures are the runtim
 serving suites measure the whole stack). For each context length L:
 
 - prefill: one request of L prompt tokens; prefill tok/s = L / (time to its first token);
-  ceiling = bf16 tensor-core FLOPs / (2 x active parameters per token), attention excluded.
+  ceiling = bf16 matmul FLOP/s / (2 x active parameters per token), attention excluded.
   Timed twice: `prefill-first`, the first such request after start-up (whatever the start-up
   warm-up left undone shows here, and the Triton kernels it compiled are listed), and
   `prefill`, the same request again;
@@ -20,6 +20,8 @@ serving suites measure the whole stack). For each context length L:
   graphed decode steps under cProfile, Python time by function: where the GPU waits on the
   host (the 35B-A3B's prompt chunks, every decode step's scheduling and sampling), this says
   which code to cut.
+
+Both ceilings are the card's own, measured before the engine starts (`ninfer_bench.ceilings`).
 
 With a speculative mode (`spec`), a decode step is one round: the verify of K+1 tokens per
 request and the proposer's drafts. Random weights accept almost nothing, so the figure that
@@ -40,6 +42,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ninfer_bench.ceilings import Ceilings, ceilings
 from ninfer_runtime.config import FULL_ATTENTION
 from ninfer_runtime.engine import Engine, EngineConfig, EngineRequest, SamplingParams
 from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs
@@ -47,9 +50,6 @@ from ninfer_runtime.engine.kv_pool import kv_bytes_per_token
 from ninfer_runtime.models.qwen3_5 import Qwen3_5Model
 from ninfer_runtime.ops.gdn import prompt_kernels
 from ninfer_runtime.quant import PackedWeight
-
-BANDWIDTH = 4.24e12  # B/s, measured copy bandwidth of the H200 (BENCHMARKS.md)
-BF16_FLOPS = 789e12
 
 
 def _nbytes(w: object) -> int:
@@ -416,6 +416,7 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
                           prompt_graphs=prompt_graphs, overlap_decode=overlap_decode,
                           spec=spec, draft_tokens=draft_tokens,  # type: ignore[arg-type]
                           lm_head_draft=lm_head_draft)
+    limits = ceilings(device)  # measured before the engine plans the card's memory
     start = time.perf_counter()
     with triton_compiles() as startup_compiles:
         engine = Engine.from_artifact(artifact, config)
@@ -426,7 +427,7 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
                     # whose chunked GDN kernels the prompts ran (a GPU's: fla-core's or ours)
                     "gdn_prompt_kernels": prompt_kernels()
                     if torch.device(device).type == "cuda" else None,
-                    "startup_s": time.perf_counter() - start,
+                    "ceilings": asdict(limits), "startup_s": time.perf_counter() - start,
                     "memory_plan": engine.memory_plan.table() if engine.memory_plan else None,
                     "startup_compiles": len(startup_compiles),
                     "startup_compiles_by_kernel": dict(Counter(
@@ -439,7 +440,7 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
     for length in contexts:
         # the first prompt of a length after start-up, then the same again: a gap between the
         # two is work the start-up warm-up left to the first request (compiling, tuning)
-        ceiling = BF16_FLOPS / (2 * fp.active_params)
+        ceiling = limits.bf16_flops / (2 * fp.active_params)
         for what in ("prefill-first", "prefill"):
             with triton_compiles() as compiled:
                 seconds = measure_prefill(engine, length)
@@ -457,7 +458,7 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
             rows = c * (1 + (draft_tokens if spec != "none" else 0))
             step_bytes = fp.step_weight_bytes(rows) + c * (length * fp.kv_bytes_per_token
                                                 + 2 * fp.state_bytes)
-            ceiling = c * BANDWIDTH / step_bytes
+            ceiling = c * limits.bandwidth / step_bytes
             report["rows"].append({"what": "decode", "context": length, "concurrency": c,
                                    "tok_s": d.tokens / d.seconds, "ceiling_tok_s": ceiling,
                                    "ratio": d.tokens / d.seconds / ceiling,
@@ -488,6 +489,7 @@ def markdown(report: dict, top: int = 15) -> str:
              + (", ".join(f"{name} {n}" for name, n in
                           report.get("startup_compiles_by_kernel", {}).items()) or "none")
              + ")", "",
+             *([Ceilings(**report["ceilings"]).describe(), ""] if "ceilings" in report else []),
              "| what | context | C | tok/s | ceiling tok/s | ratio | ms/step | tokens/step "
              "| graphed steps | graph replay ms | greedy tokens |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]

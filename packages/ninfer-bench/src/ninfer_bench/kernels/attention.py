@@ -18,8 +18,8 @@ from unittest.mock import patch
 
 import torch
 
-HBM_BYTES_PER_S = 4.24e12
-BF16_FLOPS_PER_S = 789e12
+from ninfer_bench.ceilings import against_bandwidth, against_flops
+
 PAGE_SIZE = 64
 HEAD_DIM = 256
 SHAPES = {"27b": (24, 4), "35b_a3b": (16, 2)}  # q heads, kv heads
@@ -89,7 +89,7 @@ def _decode_row(model: str, batch: int, context: int, int8: bool, device: str) -
     us = _time_us(calls)
     return {"op": f"paged_attention decode {model} {'int8' if int8 else 'bf16'} kv",
             "shape": f"B={batch} ctx={context}", "time_us": us, "bytes": moved,
-            "ceiling": "4.24e12 B/s", "ratio_to_ceiling": moved / (us * 1e-6) / HBM_BYTES_PER_S}
+            **against_bandwidth(moved, us)}
 
 
 def _prefill_row(model: str, chunk: int, context: int, int8: bool, device: str,
@@ -115,7 +115,7 @@ def _flops_row(op: str, model: str, chunk: int, context: int, us: float) -> dict
     visible = chunk * (context - chunk) + chunk * (chunk + 1) // 2  # causal query-key pairs
     flops = 4 * HEAD_DIM * SHAPES[model][0] * visible
     return {"op": op, "shape": f"chunk={chunk} ctx={context}", "time_us": us, "flops": flops,
-            "ceiling": "789e12 FLOP/s", "ratio_to_ceiling": flops / (us * 1e-6) / BF16_FLOPS_PER_S}
+            **against_flops(flops, us)}
 
 
 def _sdpa_row(model: str, tokens: int, device: str) -> dict:
@@ -199,8 +199,7 @@ def _store_row(model: str, tokens: int, device: str) -> dict:
     moved = 2 * tokens * nkv * HEAD_DIM * 2 + _kv_bytes(tokens, nkv, True) + tokens * 8
     us = _time_us([_store_call(model, tokens, device) for _ in range(_copies(moved))])
     return {"op": f"store_kv {model} int8", "shape": f"N={tokens}", "time_us": us,
-            "bytes": moved, "ceiling": "4.24e12 B/s",
-            "ratio_to_ceiling": moved / (us * 1e-6) / HBM_BYTES_PER_S}
+            "bytes": moved, **against_bandwidth(moved, us)}
 
 
 def bench(device: str = "cuda") -> Iterator[dict]:

@@ -3,8 +3,9 @@
 add_rms_norm, rms_norm, gated_rms_norm (GDN output), qk_norm_rope (attention) and silu_and_mul
 at the shapes the 27B and 35B-A3B models run them, for decode (M = 1, 8 tokens) and prefill
 chunks (M = 1024, 8192). All are memory-bound: the ceiling is the bytes each must read and
-write at 4.24e12 B/s. Decode sizes move a few KB and show launch latency, not bandwidth. Each
-row also times the torch reference, so the fusion's gain is visible.
+write at the card's copy bandwidth (ninfer_bench.ceilings). Decode sizes move a few KB and show
+launch latency, not bandwidth. Each row also times the torch reference, so the fusion's gain is
+visible.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer_bench.ceilings import against_bandwidth
 from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.ops.activation import silu_and_mul, silu_and_mul_ref
 from ninfer_runtime.ops.norm import (
@@ -27,7 +29,6 @@ from ninfer_runtime.ops.norm import (
 from ninfer_runtime.ops.rope import qk_norm_rope, qk_norm_rope_ref, rope_cos_sin
 from ninfer_runtime.profiles import get_profile
 
-BANDWIDTH = 4.24e12  # B/s, measured copy bandwidth of one H200
 MODELS = {"27B": "qwen3_6_27b", "35B-A3B": "qwen3_6_35b_a3b"}
 TOKENS = (1, 8, 1024, 8192)
 EPS = 1e-6
@@ -102,8 +103,7 @@ def bench(device: str = "cuda") -> list[dict]:
                 ref_us = do_bench(case.ref, warmup=25, rep=100, return_mode="median") * 1e3
                 rows.append({
                     "op": case.op, "shape": f"{label} {case.shape}", "time_us": us,
-                    "bytes": case.bytes, "ratio_to_ceiling": case.bytes / BANDWIDTH / (us * 1e-6),
-                    "ceiling": f"{BANDWIDTH:.3g} B/s", "ref_time_us": ref_us,
+                    "bytes": case.bytes, **against_bandwidth(case.bytes, us), "ref_time_us": ref_us,
                     "speedup_vs_ref": ref_us / us,
                 })
     return rows

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from ninfer_bench.ceilings import against_bandwidth, against_flops
 from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.ops.conv import causal_conv1d_varlen
 from ninfer_runtime.ops.gdn import (
@@ -36,8 +37,6 @@ from ninfer_runtime.ops.gdn import (
 )
 from ninfer_runtime.profiles import get_profile
 
-BANDWIDTH = 4.24e12  # B/s, measured copy bandwidth of one H200
-BF16_FLOPS = 789e12  # FLOP/s, measured bf16 tensor-core rate of one H200
 MODELS = {"27B": "qwen3_6_27b", "35B-A3B": "qwen3_6_35b_a3b"}
 DECODE_BATCHES = (1, 4, 8)
 TILE_BATCHES = (1, 8)  # batches whose rows also force each decode column tile
@@ -119,8 +118,7 @@ def _decode_rows(label: str, cfg: ModelConfig, device: str) -> list[dict]:
 
 def _decode_row(op: str, shape: str, us: float, moved: int) -> dict:
     return {"op": op, "shape": shape, "time_us": us, "bytes": moved,
-            "ratio_to_ceiling": moved / BANDWIDTH / (us * 1e-6),
-            "ceiling": f"{BANDWIDTH:.3g} B/s"}
+            **against_bandwidth(moved, us)}
 
 
 def _chunk_flops(tokens: int, nv: int, dk: int, dv: int, c: int = CHUNK_SIZE) -> int:
@@ -148,9 +146,7 @@ def _prefill_rows(label: str, cfg: ModelConfig, device: str) -> list[dict]:
             x, weight, conv, cu, slots))
         moved = 2 * m * cdim * 2 + weight.numel() * 2
         rows.append({"op": "causal_conv1d_varlen", "shape": f"{label} [{m}, {cdim}]",
-                     "time_us": us, "bytes": moved,
-                     "ratio_to_ceiling": moved / BANDWIDTH / (us * 1e-6),
-                     "ceiling": f"{BANDWIDTH:.3g} B/s"})
+                     "time_us": us, "bytes": moved, **against_bandwidth(moved, us)})
 
         q, k = (torch.randn(m, nk, dk, device=device, dtype=bf16) for _ in range(2))
         v = torch.randn(m, nv, dv, device=device, dtype=bf16)
@@ -161,9 +157,7 @@ def _prefill_rows(label: str, cfg: ModelConfig, device: str) -> list[dict]:
         flops = _chunk_flops(m, nv, dk, dv)
         rows.append({"op": f"gated_delta_rule_varlen (chunked, {prompt_kernels()}'s)",
                      "shape": f"{label} T={m} nk={nk} nv={nv}", "time_us": us, "flops": flops,
-                     "tokens_per_s": m / (us * 1e-6),
-                     "ratio_to_ceiling": flops / BF16_FLOPS / (us * 1e-6),
-                     "ceiling": f"{BF16_FLOPS:.3g} FLOP/s"})
+                     "tokens_per_s": m / (us * 1e-6), **against_flops(flops, us)})
     return rows
 
 

@@ -1,14 +1,14 @@
 """`linear` on the real projection shapes: packed nvfp4 / groupwise-int kernels and bf16 cuBLAS.
 
 Decode (M = 1, 2, 4, 8 tokens) streams the weight once: its ceiling is the bytes moved (packed
-codes, scales, activations in, outputs out) at the copy bandwidth, 4.24e12 B/s. Prefill (M =
-256, the in-register GEMM, nvfp4 also with its tiles decoded to bf16; M = 1,024 and 4,096,
-dequantized for cuBLAS, nvfp4 at 1,024 also in the in-register GEMM) is tensor-core bound: its
-ceiling is 2MNK at 789e12 bf16 FLOP/s. The bf16 rows are F.linear (cuBLAS), the reference point
-on the same shapes; the small unquantized projections (in_proj_ba, the MoE router) compare
-cuBLAS with ops.skinny_linear. Random stored parts (the kernels' speed does not depend on the
-values); small matrices are rotated over several copies so that decode reads come from HBM, not
-from the 50 MB L2.
+codes, scales, activations in, outputs out) at the card's copy bandwidth (ninfer_bench.ceilings).
+Prefill (M = 256, the in-register GEMM, nvfp4 also with its tiles decoded to bf16; M = 1,024 and
+4,096, dequantized for cuBLAS, nvfp4 at 1,024 also in the in-register GEMM) is tensor-core
+bound: its ceiling is 2MNK at the card's bf16 matmul rate. The bf16 rows are F.linear
+(cuBLAS), the reference point on the same shapes; the small unquantized projections (in_proj_ba,
+the MoE router) compare cuBLAS with ops.skinny_linear. Random stored parts (the kernels' speed
+does not depend on the values); small matrices are rotated over several copies so that decode
+reads come from HBM, not from the 50 MB L2.
 """
 
 from __future__ import annotations
@@ -20,13 +20,12 @@ from unittest.mock import patch
 
 import torch
 
+from ninfer_bench.ceilings import against_bandwidth, against_flops
 from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.ops.linear import Weight, linear
 from ninfer_runtime.profiles import get_profile
 from ninfer_runtime.quant import PackedWeight, get_scheme
 
-BANDWIDTH = 4.24e12  # B/s, measured copy bandwidth of one H200
-FLOPS = 789e12  # bf16 dense tensor-core FLOP/s measured on the same H200
 MODELS = {"27B": "qwen3_6_27b", "35B-A3B": "qwen3_6_35b_a3b"}
 SCHEMES = ("nvfp4", "groupwise-int", "bf16")
 DECODE_M = (1, 2, 4, 8)  # batched decode and speculative verification sizes
@@ -157,10 +156,8 @@ def _timed(call: Callable[[], torch.Tensor]) -> float:
 
 def _row(op: str, shape: str, us: float, moved: int, flops: int, decode: bool) -> dict:
     """One result: decode against the bandwidth ceiling, prefill against the FLOP one."""
-    ratio = (moved / BANDWIDTH if decode else flops / FLOPS) / (us * 1e-6)
     return {"op": op, "shape": shape, "time_us": us, "bytes": moved, "flops": flops,
-            "ratio_to_ceiling": ratio,
-            "ceiling": f"{BANDWIDTH:.3g} B/s" if decode else f"{FLOPS:.3g} FLOP/s",
+            **(against_bandwidth(moved, us) if decode else against_flops(flops, us)),
             "achieved": (f"{moved / (us * 1e-6) / 1e12:.2f} TB/s" if decode
                          else f"{flops / (us * 1e-6) / 1e12:.0f} TFLOP/s")}
 

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from ninfer_bench.ceilings import against_bandwidth, against_flops
 from ninfer_runtime.ops.moe import (
     _launch_moe_dequantized,
     _launch_moe_experts,
@@ -44,8 +45,6 @@ from ninfer_runtime.ops.quant_linear import dequantize
 from ninfer_runtime.profiles import get_profile
 from ninfer_runtime.quant import PackedWeight, get_scheme
 
-HBM_BYTES_PER_S = 4.24e12
-BF16_FLOPS_PER_S = 789e12
 PROFILE = "qwen3_6_35b_a3b"
 DECODE_TOKENS = (1, 8, 16)
 PREFILL_TOKENS = (1024, 4096, 8192)
@@ -110,10 +109,8 @@ def _eager_time_us(fn: Callable[[], object]) -> float:
 
 
 def _row(op: str, shape: str, us: float, ref_us: float, work: int, flops: bool) -> dict:
-    ceiling = BF16_FLOPS_PER_S if flops else HBM_BYTES_PER_S
     return {"op": op, "shape": shape, "time_us": us, ("flops" if flops else "bytes"): work,
-            "ceiling": f"{ceiling:.3g} {'FLOP/s' if flops else 'B/s'}",
-            "ratio_to_ceiling": work / (us * 1e-6) / ceiling, "ref_time_us": ref_us,
+            **(against_flops if flops else against_bandwidth)(work, us), "ref_time_us": ref_us,
             "speedup_vs_ref": ref_us / us}
 
 

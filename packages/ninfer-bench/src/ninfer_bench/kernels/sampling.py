@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from ninfer_bench.ceilings import against_bandwidth
 from ninfer_runtime.ops.sampling import (
     RowSampling,
     apply_penalties,
@@ -21,7 +22,6 @@ from ninfer_runtime.ops.sampling import (
     sample_rows_ref,
 )
 
-HBM_BYTES_PER_S = 4.24e12
 VOCAB = 248320
 ROWS = (1, 8, 64)
 # name: (temperature, top_k, top_p, min_p)
@@ -38,9 +38,7 @@ def _time_us(fn: Callable[[], object]) -> float:
 
 def _row(op: str, shape: str, us: float, ref_us: float, moved: int) -> dict:
     return {"op": op, "shape": shape, "time_us": us, "bytes": moved,
-            "ceiling": f"{HBM_BYTES_PER_S:.3g} B/s",
-            "ratio_to_ceiling": moved / (us * 1e-6) / HBM_BYTES_PER_S, "ref_time_us": ref_us,
-            "speedup_vs_ref": ref_us / us}
+            **against_bandwidth(moved, us), "ref_time_us": ref_us, "speedup_vs_ref": ref_us / us}
 
 
 def _sample_row(name: str, logits: torch.Tensor, setting: tuple[float, int, float, float],
