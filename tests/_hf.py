@@ -8,8 +8,10 @@ performing the same concat / stack / squeeze the converter does.
 
 from __future__ import annotations
 
+import copy
 import math
 from functools import cache
+from typing import Any
 
 import torch
 
@@ -55,13 +57,18 @@ def _hf_classes(moe: bool) -> tuple[type, type, type]:
 
 
 @cache
-def hf_model(profile: str, seed: int = 0) -> tuple[torch.nn.Module, ModelConfig]:
-    """A randomised fp32 Qwen3_5(Moe)ForCausalLM for a tiny profile, and NInfer's config."""
+def hf_model(profile: str, seed: int = 0, rope: tuple[tuple[str, Any], ...] = ()
+             ) -> tuple[torch.nn.Module, ModelConfig]:
+    """A randomised fp32 Qwen3_5(Moe)ForCausalLM for a tiny profile, and NInfer's config;
+    `rope` updates the rope_parameters of both (YaRN scaling, say). The weights depend on the
+    profile and the seed only."""
     p = get_profile(profile)
+    hf = copy.deepcopy(p.hf_config)
+    hf["text_config"]["rope_parameters"].update(rope)
     config_cls, model_cls, _ = _hf_classes(p.config.is_moe)
-    model = model_cls(config_cls(**p.hf_config["text_config"])).float().eval()
+    model = model_cls(config_cls(**hf["text_config"])).float().eval()
     model.load_state_dict(randomize(model.state_dict(), seed))
-    return model, p.config
+    return model, ModelConfig.from_hf(hf)
 
 
 def hf_mtp_state(profile: str, seed: int = 1) -> dict[str, torch.Tensor]:

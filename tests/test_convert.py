@@ -507,12 +507,21 @@ BAD_SOURCES = {
     "fp8 checkpoint": (lambda ck, d: _edit_config(_copy(ck, d), quantization_config={
         "quant_method": "fp8", "weight_block_size": [128, 128]}),
         "quant_method 'fp8', quant_algo None) is not supported"),
+    "unsupported rope scaling": (lambda ck, d: _edit_rope(_copy(ck, d), rope_type="longrope"),
+                                 "rope_type 'longrope' is not supported"),
 }
 
 
 def _edit_config(d: Path, **changes: object) -> Path:
     config = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps(config | changes))
+    return d
+
+
+def _edit_rope(d: Path, **changes: object) -> Path:
+    config = json.loads((d / "config.json").read_text())
+    config.get("text_config", config)["rope_parameters"].update(changes)
+    (d / "config.json").write_text(json.dumps(config))
     return d
 
 

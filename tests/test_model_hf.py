@@ -53,6 +53,23 @@ def test_logits_match_transformers(profile: str, full_logits: torch.Tensor) -> N
     assert_logits_close(full_logits, expected)
 
 
+def test_yarn_scaled_rope_matches_transformers(profile: str, full_logits: torch.Tensor) -> None:
+    """A config extended with YaRN (as the model card takes 262K positions to ~1M; here an
+    original context of 32, which the 70 tokens pass) rotates as transformers does: its
+    logits, not the unscaled model's."""
+    yarn = (("rope_type", "yarn"), ("factor", 4.0), ("original_max_position_embeddings", 32))
+    hf, cfg = hf_model(profile, rope=yarn)
+    assert cfg.rope_scaling == dict(yarn) and cfg.context_limit == 128
+    ids = token_ids(T, cfg.vocab_size)
+    model = Qwen3_5Model(cfg, ninfer_weights(profile))
+    logits = model.logits(model.forward(ids, 0, model.new_cache()))
+    with torch.no_grad():
+        expected = hf(ids[None]).logits[0]
+    assert_logits_close(logits, expected)
+    # and far from the unscaled logits (200x the tolerance above)
+    assert (logits - full_logits).abs().max() > 0.02 * full_logits.abs().max()
+
+
 def test_incremental_decoding_matches_full_scoring(model: Qwen3_5Model,
                                                    full_logits: torch.Tensor) -> None:
     """Prefill (chunked GDN path) then one token per step (recurrent path, KV appends)."""

@@ -3,6 +3,7 @@ change nothing they should not; admission, queueing, abort, stopping, stats and 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import pytest
@@ -10,7 +11,9 @@ import torch
 from engine_helpers import TickingClock, alone, drain, engine, greedy, prompt, request
 
 from ninfer_runtime import LLM
+from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.engine import AdmissionError, Engine, EngineConfig, SamplingParams
+from ninfer_runtime.engine.engine import check_context
 from ninfer_runtime.engine.request import RequestStats, SpecCounters
 from ninfer_runtime.models.loading import LoadedModel
 
@@ -297,3 +300,20 @@ def test_from_artifact(tiny_artifact: Callable[[str], object]) -> None:
     ids = eng.tokenizer.encode("hello world")
     run = drain(eng, [request("t", ids, greedy(3))])
     assert len(run.tokens["t"]) == 3 and eng.intervals(since=1e12) == []
+
+
+def test_a_context_past_the_models_positions_is_refused(tiny_model: ModelFactory) -> None:
+    """Past max_position_embeddings RoPE turns keys by angles the model never saw; YaRN in
+    the config extends the positions to its original context times the factor."""
+    model = tiny_model("dense").model
+    with pytest.raises(ValueError, match="max context 262,145 exceeds the 262,144 positions "
+                       "the model is made for .max_position_embeddings; YaRN"):
+        Engine(model, EngineConfig(max_context=262_145))
+    hf = copy.deepcopy(model.config.hf_config)
+    hf["text_config"]["rope_parameters"].update(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=262_144)
+    extended = ModelConfig.from_hf(hf)
+    check_context(1_048_576, extended)
+    with pytest.raises(ValueError, match="1,048,576 positions .*original context times"):
+        check_context(1_048_577, extended)
+

@@ -18,6 +18,34 @@ class ConfigError(ValueError):
     """A config that is not a Qwen3.5-family text model NInfer can run."""
 
 
+ROPE_TYPES = ("default", "linear", "yarn")
+# rope_parameters keys that are not the scaling's: the base, the rotated share of a head, mRoPE
+_NOT_SCALING = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
+
+
+def rope_scaling(params: dict[str, Any], max_positions: int | None
+                 ) -> dict[str, Any] | None:
+    """The `scaling` of `ops.rope.rope_inv_freq` from a Hugging Face rope_parameters
+    (transformers 5) or rope_scaling dict: None for plain RoPE, else its type and every
+    parameter it needs, original_max_position_embeddings defaulting to `max_positions` as
+    transformers does. ValueError for a type not computed there or a missing parameter: a
+    model must not run silently on positions it was not made for."""
+    params = {k: v for k, v in params.items() if k not in _NOT_SCALING}
+    kind = params.pop("rope_type", params.pop("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"rope_type {kind!r} is not supported (supported: "
+                         f"{', '.join(ROPE_TYPES)})")
+    if kind == "default":
+        return None
+    if params.get("factor") is None:
+        raise ValueError(f"{kind} rope scaling lacks its 'factor'")
+    if params.get("original_max_position_embeddings") is None:
+        params["original_max_position_embeddings"] = max_positions
+    if kind == "yarn" and params["original_max_position_embeddings"] is None:
+        raise ValueError("yarn rope scaling lacks original_max_position_embeddings")
+    return {"rope_type": kind, **params}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     model_type: str  # "qwen3_5" (dense) or "qwen3_5_moe"
@@ -48,6 +76,8 @@ class ModelConfig:
     tie_word_embeddings: bool
     mtp_num_hidden_layers: int
     eos_token_ids: tuple[int, ...]
+    # RoPE scaling (`rope_scaling`): None, or YaRN / linear past the trained context
+    rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
     # the whole Hugging Face config (text, vision, token ids) as it came, for the artifact
     hf_config: dict[str, Any] = field(compare=False, repr=False, default_factory=dict)
 
@@ -62,6 +92,15 @@ class ModelConfig:
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def context_limit(self) -> int:
+        """The positions the model is made for: max_position_embeddings, or with RoPE
+        scaling its original context times the factor (as vLLM derives max_model_len)."""
+        if self.rope_scaling is None:
+            return self.max_position_embeddings
+        base = self.rope_scaling["original_max_position_embeddings"]
+        return int(base * float(self.rope_scaling["factor"]))
 
     @property
     def linear_key_dim(self) -> int:
@@ -106,10 +145,16 @@ class ModelConfig:
         )
         if len(layer_types) != num_layers or set(layer_types) - {FULL_ATTENTION, LINEAR_ATTENTION}:
             raise ConfigError(f"layer_types {layer_types} does not describe {num_layers} layers")
-        rope = t.get("rope_parameters") or {
+        rope = t.get("rope_parameters") or {  # transformers 4's keys
             "rope_theta": t.get("rope_theta", 10_000_000),
             "partial_rotary_factor": t.get("partial_rotary_factor", 0.25),
+            **(t.get("rope_scaling") or {}),
         }
+        max_positions = t.get("max_position_embeddings", 262144)
+        try:
+            scaling = rope_scaling(rope, max_positions)
+        except ValueError as e:
+            raise ConfigError(f"rope_parameters: {e}") from None
         is_moe = "moe" in str(t.get("model_type", hf.get("model_type")))
         eos = t.get("eos_token_id", hf.get("eos_token_id"))
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
@@ -125,7 +170,7 @@ class ModelConfig:
             rope_theta=float(rope.get("rope_theta", 10_000_000)),
             partial_rotary_factor=float(rope.get("partial_rotary_factor", 0.25)),
             mrope_section=tuple(rope.get("mrope_section", ())),
-            max_position_embeddings=t.get("max_position_embeddings", 262144),
+            max_position_embeddings=max_positions,
             linear_num_key_heads=t["linear_num_key_heads"],
             linear_num_value_heads=t["linear_num_value_heads"],
             linear_key_head_dim=t["linear_key_head_dim"],
@@ -141,5 +186,6 @@ class ModelConfig:
             tie_word_embeddings=bool(t.get("tie_word_embeddings", hf.get("tie_word_embeddings"))),
             mtp_num_hidden_layers=t.get("mtp_num_hidden_layers", 0),
             eos_token_ids=eos_ids,
+            rope_scaling=scaling,
             hf_config=hf,
         )

@@ -84,6 +84,18 @@ def eos_token_ids(generation_config: Mapping[str, Any], cfg: ModelConfig) -> fro
     return frozenset(ids) | frozenset(cfg.eos_token_ids)
 
 
+def check_context(max_context: int, cfg: ModelConfig) -> None:
+    """Refuse a context longer than the model's positions (`ModelConfig.context_limit`): past
+    them RoPE rotates keys by angles the model never saw, and its output degrades without an
+    error (vLLM refuses such a max_model_len too)."""
+    if max_context > cfg.context_limit:
+        how = ("its RoPE scaling's original context times the factor" if cfg.rope_scaling
+               else "max_position_embeddings; YaRN rope scaling in the model's config extends "
+               "it, as the model card describes")
+        raise ValueError(f"max context {max_context:,} exceeds the {cfg.context_limit:,} "
+                         f"positions the model is made for ({how})")
+
+
 @dataclass(frozen=True, slots=True)
 class _Deferred:
     """A launched plain decode step whose sampled ids are not read yet."""
@@ -124,6 +136,7 @@ class Engine:
         if proposer is not None and proposer.num_drafts != config.draft_tokens:
             raise ValueError(f"the proposer drafts {proposer.num_drafts} tokens, the config "
                              f"{config.draft_tokens}")
+        check_context(config.max_context, model.config)
         self.model = model
         self.proposer = proposer
         self.model_config = model.config

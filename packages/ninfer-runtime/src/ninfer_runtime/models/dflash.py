@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ninfer_runtime.config import FULL_ATTENTION, ModelConfig
+from ninfer_runtime.config import FULL_ATTENTION, ModelConfig, rope_scaling
 from ninfer_runtime.engine.batch import StepBatch
 from ninfer_runtime.models.cache import PagedKV
 from ninfer_runtime.models.layers import mlp
@@ -34,7 +34,7 @@ from ninfer_runtime.models.weights import MLPWeights, WeightReader
 from ninfer_runtime.ops.attention import paged_attention
 from ninfer_runtime.ops.linear import Weight, linear
 from ninfer_runtime.ops.norm import add_rms_norm, rms_norm
-from ninfer_runtime.ops.rope import ROPE_TYPES, qk_norm_rope_store, rope_cos_sin
+from ninfer_runtime.ops.rope import qk_norm_rope_store, rope_cos_sin
 
 if TYPE_CHECKING:
     from ninfer_runtime.artifact import Artifact
@@ -218,22 +218,13 @@ def _optional_int(value: Any) -> int | None:
 def _rope(hf: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """(theta, scaling) from `rope_parameters` (transformers 5) or `rope_scaling` +
     `rope_theta`; scaling is None for plain RoPE and carries every parameter it needs."""
-    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    theta = float(params.pop("rope_theta", hf.get("rope_theta", 10_000.0)))
-    kind = params.pop("rope_type", params.pop("type", "default"))
-    if kind not in ROPE_TYPES:
-        raise DFlashConfigError(f"rope_type {kind!r} is not supported (supported: "
-                                f"{', '.join(ROPE_TYPES)})")
-    if kind == "default":
-        return theta, None
-    if "factor" not in params:
-        raise DFlashConfigError(f"{kind} rope scaling lacks its 'factor'")
-    params.setdefault("original_max_position_embeddings",
-                      hf.get("original_max_position_embeddings",
-                             hf.get("max_position_embeddings")))
-    if kind == "yarn" and params["original_max_position_embeddings"] is None:
-        raise DFlashConfigError("yarn rope scaling lacks original_max_position_embeddings")
-    return theta, {"rope_type": kind, **params}
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10_000.0)))
+    try:
+        return theta, rope_scaling(params, hf.get("original_max_position_embeddings",
+                                                  hf.get("max_position_embeddings")))
+    except ValueError as e:
+        raise DFlashConfigError(str(e)) from None
 
 
 @dataclass(frozen=True)

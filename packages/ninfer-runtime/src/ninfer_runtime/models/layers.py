@@ -183,7 +183,7 @@ def run_layers(x: torch.Tensor, layers: Sequence[DecoderLayerWeights],
         raise ValueError(f"{len(caches)} layer caches for {len(layers)} layers")
     if any(not 0 <= i < len(layers) for i in taps):
         raise ValueError(f"tap layer ids {list(taps)} outside the {len(layers)} layers")
-    rope = rope_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta)
+    rope = rope_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling)
     h = None
     tapped: dict[int, torch.Tensor] = {}
     for i, (w, cache) in enumerate(zip(layers, caches, strict=True)):

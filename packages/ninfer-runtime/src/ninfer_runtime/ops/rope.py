@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ninfer_runtime.config import ROPE_TYPES
 from ninfer_runtime.ops.attention import KVStore, store_args, store_constexprs
 from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.ops.launch import options
@@ -35,9 +36,6 @@ try:
     from ninfer_runtime.ops.norm import inv_rms, row_offsets
 except ImportError:  # CPU-only install: the references still run
     triton = None
-
-
-ROPE_TYPES = ("default", "linear", "yarn")
 
 
 def rope_inv_freq(rotary_dim: int, theta: float, scaling: Mapping[str, Any] | None = None,
