@@ -32,7 +32,8 @@ engine() {  # engine SECONDS ARTIFACT-STEM [ninfer-bench engine flags]
 context() {  # context NAME ARTIFACT-STEM: the NIAH context suite (MODE, default mtp0)
   timeout "${SUITE_SECONDS:-240}" python3 -m ninfer_bench.cli context --serve "python3 -m ninfer_serve.cli" \
     --artifact "$1=$ART/$2.ninfer" --mode "${MODE:-mtp0}" --context-lengths "${CTX_LIST:-8192,65536}" \
-    --seeds 1 --max-tokens 128 --max-context 70000 --output "$out/context-$1-${MODE:-mtp0}"
+    --seeds 1 --max-tokens 128 --max-context "${MAX_CONTEXT:-70000}" \
+    --output "$out/context-$1-${MODE:-mtp0}"
 }
 saturation() {  # saturation NAME ARTIFACT-STEM: decode saturation at C = $SAT_C (default 1 8)
   timeout "${SUITE_SECONDS:-240}" python3 -m ninfer_bench.cli concurrency --suite decode-saturation \
@@ -98,6 +99,9 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
                 --spec dflash --draft-tokens 7 --lm-head-draft ;;
     ctx27) context 27b qwen3_6_27b_nvfp4 ;;
     ctx35) context 35b qwen3_6_35b_a3b_nvfp4 ;;
+    # one 27B request at the 256K context: the memory plan's promise, end to end
+    ctx27long) CTX_LIST=262144 MAX_CONTEXT=262144 SUITE_SECONDS=${SUITE_SECONDS:-540} \
+                 context 27b-256k qwen3_6_27b_nvfp4 ;;
     sat27) saturation 27b qwen3_6_27b_nvfp4 ;;
     sat35) saturation 35b qwen3_6_35b_a3b_nvfp4 ;;
     hf27) timeout 200 python3 scripts/hf_baseline.py qwen3_6_27b --context "$CTX" --tokens 32 ;;
