@@ -74,7 +74,7 @@ def _probe_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, st
         if MODE == 0:
             acc = ql.decode_tile(acc, xo_ptr, inv_ptr, inv_ptr, w_ptr, s_ptr, s_ptr, row_off,
                                  row_ok, ms, m_ok, M, K, k0, k_hi, stride_w, stride_s, 0, 2,
-                                 True, True, BK, DOTS)
+                                 True, True, True, BK, DOTS)
         else:
             kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
             ks = tl.max_contiguous(tl.multiple_of(k0 // 16 + tl.arange(0, BKW // 2), BKW // 2),
@@ -125,7 +125,7 @@ def _probe_call(ws: list, x: torch.Tensor, xo: torch.Tensor, inv: torch.Tensor,
                 xo, inv, inv, ops.words, ops.scale, ops.zero, ops.gscale, part, counters, out,
                 out, out, out, out, counters, 1, n, k, ops.words.stride(0), ops.scale.stride(0),
                 split_len, HAND_ON=False, OUT_GROUP=c.bn, OUT_SUMS=False, PREFETCH=False,
-                **ql.decode_tile_args(ops.layout, c, k, 1), **launch)
+                **ql.decode_tile_args(ops.layout, c, n, k, 1), **launch)
         return decode
 
     def call() -> None:

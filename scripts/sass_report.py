@@ -5,7 +5,8 @@ ptxas), disassembles it with the cuobjdump that ships with Triton, finds the K l
 backward branch with the largest body) and prints its instruction count per weight and per
 thread, its top opcodes, the registers, the programs an SM holds (registers and shared memory
 allow) and the local-memory (spill) use of every config; SASS_ROWS sets the decode's
-activation rows (default 1, a one-token step).
+activation rows (default 1, a one-token step), SASS_EVEN_N=0 masks the weight rows in the K
+loop (a weight whose rows do not fill whole tiles).
 
     .venv/bin/python scripts/sass_report.py              # every decode config
     .venv/bin/python scripts/sass_report.py --asm off    # the pure-Triton decode, for contrast
@@ -51,6 +52,8 @@ DEVICE_TRITON = "3.6"  # the H200 image's (../shared/device/README.md)
 TOP_OPCODES = int(os.environ.get("SASS_TOP", "8"))
 ROWS = int(os.environ.get("SASS_ROWS", "1"))  # decode activation rows (the row tile follows)
 PREFETCH = os.environ.get("NINFER_L2_PREFETCH", "0") == "1"  # the decode's L2 prefetch
+# whole row tiles, as every real projection has (SASS_EVEN_N=0: rows masked in the K loop)
+EVEN_N = os.environ.get("SASS_EVEN_N", "1") == "1"
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ARGS = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "g_ptr", "out_ptr", "M", "N", "K", "stride_x",
         "stride_w", "stride_s")
@@ -152,8 +155,9 @@ def decode_variants(asm: bool, tmp: Path) -> None:
                                          "*fp32", "*i32", "*bf16", "*bf16", "*fp16", "*fp32",
                                          "*fp32", "*i32", *["i32"] * 6), strict=True))
             cst = {"SCHEME": sid, "WPS": wps, "BM": ql.decode_rows(ROWS), "ASM": asm,
-                   "EVEN_K": True, "BN": bn, "BK": bk, "DOTS": cfg.dots, "HAND_ON": False,
-                   "OUT_GROUP": bn, "OUT_SUMS": False, "PREFETCH": PREFETCH, "GDC": True}
+                   "EVEN_K": True, "EVEN_N": EVEN_N, "BN": bn, "BK": bk, "DOTS": cfg.dots,
+                   "HAND_ON": False, "OUT_GROUP": bn, "OUT_SUMS": False, "PREFETCH": PREFETCH,
+                   "GDC": True}
             k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages)
             label = f"decode {scheme} BN={bn} BK={bk} w={cfg.warps} s={cfg.stages} d={cfg.dots}"
             report(label, k, bn * bk // (32 * cfg.warps), tmp)

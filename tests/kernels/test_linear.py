@@ -84,6 +84,19 @@ def test_linear_matches_reference(scheme: str, m: int, n: int, k: int) -> None:
     check(linear(x, w), x, w)
 
 
+@pytest.mark.parametrize("k", [256, 384])
+@pytest.mark.parametrize("m", [1, 9])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_decode_of_whole_row_tiles(scheme: str, m: int, k: int) -> None:
+    """N a multiple of every decode row tile (as every real projection's): the K loop loads
+    without row masks (EVEN_N)."""
+    n = 256
+    assert all(n % c.bn == 0 for cs in quant_linear.DECODE_CONFIGS.values() for c in cs)
+    w = packed(scheme, n, k, seed=3)
+    x = rand(m, k, dtype=HALF, seed=2)
+    check(linear(x, w), x, w)
+
+
 def test_the_gemm_operand_is_each_row_scaled_by_code_position() -> None:
     """`gemm_operand`: every row times the power of two that puts its largest |x| in
     [2^14, 2^15), rounded once to fp16, input k0 + 8w + j of each 128-input tile at

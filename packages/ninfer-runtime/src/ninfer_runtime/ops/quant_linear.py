@@ -558,7 +558,7 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
         OUT_GROUP=c.bn if handed is None else handed.group,
         OUT_SUMS=handed is not None and handed.sums,
         PREFETCH=prefetches(ops.words, k, plan.split_len),
-        **decode_tile_args(ops.layout, c, k, m), **options(x.device))
+        **decode_tile_args(ops.layout, c, n, k, m), **options(x.device))
 
 
 def prefetches(words: torch.Tensor, k: int, split_len: int) -> bool:
@@ -570,12 +570,14 @@ def prefetches(words: torch.Tensor, k: int, split_len: int) -> bool:
             and split_len // 2 % 16 == 0 and k // 2 % 16 == 0)
 
 
-def decode_tile_args(layout: _Layout, config: DecodeConfig, k: int, m: int) -> dict:
+def decode_tile_args(layout: _Layout, config: DecodeConfig, n: int, k: int, m: int) -> dict:
     """The compile-time arguments and launch options of `decode_tile` for a weight of
-    `layout` with k inputs and m activation rows, as the dense decode kernel and ops.moe's
-    expert decode pass them."""
+    `layout` with n outputs (a tile's rows: BN, or BN/2 gate and BN/2 up rows, or BN of
+    each), k inputs and m activation rows, as the dense decode kernel and ops.moe's expert
+    decode pass them."""
     return dict(SCHEME=layout.scheme, WPS=layout.words_per_scale, BM=decode_rows(m),
-                ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % config.bk == 0, BN=config.bn,
+                ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % config.bk == 0,
+                EVEN_N=n % config.bn == 0, BN=config.bn,
                 BK=config.bk, DOTS=config.dots, num_warps=config.warps,
                 num_stages=config.stages)
 
@@ -813,10 +815,15 @@ if triton is not None:
     def decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms,
                     m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
                     WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
-                    BK: tl.constexpr, DOTS: tl.constexpr):
+                    EVEN_N: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr):
         """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ xo^T with the tile's
         activation scale undone (the weights' operand offset is undone by
-        `decode_result`)."""
+        `decode_result`). EVEN_N: every row of the tile exists (N a multiple of the tile),
+        so its loads take no row mask, which the compiler would otherwise keep live across
+        the K loop (sm_90, the 27B's nvfp4 config: 186 registers a thread, two programs an
+        SM, against 168 and three; 2% fewer instructions a weight)."""
+        if EVEN_N:
+            row_ok = tl.full(row_ok.shape, 1, tl.int1)
         BKW: tl.constexpr = BK // 8
         BKS: tl.constexpr = BKW // WPS
         # k0 is a multiple of BK: tell the compiler, so that the loads are 16-byte wide
@@ -943,8 +950,9 @@ if triton is not None:
                        counter_ptr, out_ptr, hidden_ptr, hxo_ptr, hinv_ptr, hxsum_ptr,
                        ticket_ptr, M, N, K, stride_w, stride_s, split_len,
                        SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
-                       ASM: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, DOTS: tl.constexpr, HAND_ON: tl.constexpr,
+                       ASM: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                       BN: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr,
+                       HAND_ON: tl.constexpr,
                        OUT_GROUP: tl.constexpr, OUT_SUMS: tl.constexpr,
                        PREFETCH: tl.constexpr, GDC: tl.constexpr):
         """out[:, rows of tile pid 0] from the activation operands of `activation_kernel`,
@@ -971,7 +979,7 @@ if triton is not None:
         for k0 in range(k_lo, k_hi, BK):
             acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr,
                               rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_w,
-                              stride_s, SCHEME, WPS, ASM, EVEN_K, BK, DOTS)
+                              stride_s, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS)
         last = _finish_tile(decode_result(acc, SCHEME), pid_k, tl.num_programs(1), part_ptr,
                             counter_ptr + tile, g_ptr, out_ptr, rows, row_ok, ms, m_ok, M, N,
                             SCHEME)
