@@ -93,6 +93,11 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
                  --no-breakdown --output "$out/ours" ;;
     eng35ours) NINFER_GDN_PROMPT=ninfer engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1 \
                  $ONE_STEP --no-breakdown --output "$out/ours" ;;
+    # the decode GEMV with its row masks kept (NINFER_DECODE_EVEN_N=0), the A/B of EVEN_N
+    eng27masked) NINFER_DECODE_EVEN_N=0 engine 180 qwen3_6_27b_nvfp4 --concurrency 1 \
+                   --no-breakdown --output "$out/masked" ;;
+    eng35masked) NINFER_DECODE_EVEN_N=0 engine 240 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \
+                   --no-breakdown --output "$out/masked" ;;
     mtp35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
              --spec mtp --draft-tokens 3 --lm-head-draft ;;
     dflash35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \

@@ -71,6 +71,7 @@ bf16 weights never come here: cuBLAS (F.linear) is the ceiling for them (BENCHMA
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -103,6 +104,9 @@ _MAX_ALPHA_RUNS = 8
 # the decode kernel's fp16 operands come from inline PTX on the GPU (False: the pure-Triton
 # twin, bit-identical and slower; the interpreter always runs the twin)
 DECODE_ASM = True
+# whole row tiles load without row masks (decode_tile's EVEN_N); NINFER_DECODE_EVEN_N=0 keeps
+# the masks, the A/B of that change on the GPU
+DECODE_EVEN_N = os.environ.get("NINFER_DECODE_EVEN_N", "1") != "0"
 _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 # programs per SM the K split may aim at (counted with BN = 64); the decode tuner times each
 # with each config, the first being the default (the H200 sweep, scripts/split_sweep.py,
@@ -577,7 +581,7 @@ def decode_tile_args(layout: _Layout, config: DecodeConfig, n: int, k: int, m: i
     decode pass them."""
     return dict(SCHEME=layout.scheme, WPS=layout.words_per_scale, BM=decode_rows(m),
                 ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % config.bk == 0,
-                EVEN_N=n % config.bn == 0, BN=config.bn,
+                EVEN_N=DECODE_EVEN_N and n % config.bn == 0, BN=config.bn,
                 BK=config.bk, DOTS=config.dots, num_warps=config.warps,
                 num_stages=config.stages)
 
