@@ -620,3 +620,17 @@ def test_random_init_draws_on_the_build_device_reproducibly(device: str) -> None
         gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
         want = (torch.randn(a.numel(), generator=gen) * 0.02).to(a.dtype).view(a.shape)
         assert torch.equal(a, want)
+
+
+def test_the_default_artifact_is_named_for_its_profiles_config(tmp_path: Path) -> None:
+    """A cache built from an older tiny_dense config (say 4,096 positions, before the engine
+    refused contexts past them) is never served for the current one."""
+    from ninfer_convert.demo import DEFAULT_PROFILE, artifact_name, default_artifact
+
+    config = get_profile(DEFAULT_PROFILE).hf_config
+    older = json.loads(json.dumps(config))
+    older["text_config"]["max_position_embeddings"] = 4096
+    assert artifact_name(older) != artifact_name(config)
+    (tmp_path / artifact_name(older)).write_bytes(b"a stale cache")
+    path = default_artifact(tmp_path)
+    assert path.name == artifact_name(config) and path.stat().st_size > 1000
