@@ -302,13 +302,16 @@ def test_from_artifact(tiny_artifact: Callable[[str], object]) -> None:
     assert len(run.tokens["t"]) == 3 and eng.intervals(since=1e12) == []
 
 
-def test_a_context_past_the_models_positions_is_refused(tiny_model: ModelFactory) -> None:
+def test_a_context_past_the_models_positions_is_refused(tiny_model: ModelFactory,
+                                                        tiny_artifact: Callable) -> None:
     """Past max_position_embeddings RoPE turns keys by angles the model never saw; YaRN in
     the config extends the positions to its original context times the factor."""
     model = tiny_model("dense").model
     with pytest.raises(ValueError, match="max context 262,145 exceeds the 262,144 positions "
                        "the model is made for .max_position_embeddings; YaRN"):
         Engine(model, EngineConfig(max_context=262_145))
+    with pytest.raises(ValueError, match="exceeds the 262,144 positions"):  # before loading
+        Engine.from_artifact(tiny_artifact("dense"), EngineConfig(max_context=262_145))
     hf = copy.deepcopy(model.config.hf_config)
     hf["text_config"]["rope_parameters"].update(
         rope_type="yarn", factor=4.0, original_max_position_embeddings=262_144)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ninfer_runtime.artifact import Artifact
 from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.engine.batch import Segment, StepBatch
 from ninfer_runtime.engine.config import EngineConfig
@@ -178,6 +179,8 @@ class Engine:
 
     @classmethod
     def from_artifact(cls, path: str | Path, config: EngineConfig) -> Engine:
+        # before the weights load: a 27B's take a while to be refused after
+        check_context(config.max_context, Artifact.open(path, verify=False).config)
         loaded = load_artifact(path, config.device, mtp=config.spec == "mtp",
                                dflash=config.spec == "dflash",
                                lm_head_draft=config.lm_head_draft)
