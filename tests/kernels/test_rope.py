@@ -7,6 +7,7 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, DTYPES, check, empty_caches, kernels, rand  # noqa: F401
 
+from ninfer_runtime.config import rope_scaling
 from ninfer_runtime.ops.attention import KVStore, store_kv
 from ninfer_runtime.ops.norm import rms_norm_ref
 from ninfer_runtime.ops.rope import (
@@ -118,3 +119,28 @@ def test_position_zero_is_the_plain_norm() -> None:
     q_out, k_out = qk_norm_rope(q, k, w, w, cos, sin, 1e-6)
     check_rope(q_out, rms_norm_ref(q, w, 1e-6))
     check_rope(k_out, rms_norm_ref(k, w, 1e-6))
+
+
+@pytest.mark.parametrize(("params", "expected"), [
+    ({"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+      "mrope_section": [11, 11, 10], "mrope_interleaved": True}, None),  # the releases'
+    ({"type": "mrope", "mrope_section": [2, 1, 1]}, None),  # transformers 4's plain mRoPE
+    ({"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e7},  # the model card's extension
+     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 262144}),
+    ({"type": "linear", "factor": 2.0, "original_max_position_embeddings": 1024},
+     {"rope_type": "linear", "factor": 2.0, "original_max_position_embeddings": 1024}),
+])
+def test_rope_scaling_reads_hugging_face_parameters(params: dict, expected: dict | None) -> None:
+    assert rope_scaling(params, 262144) == expected
+
+
+@pytest.mark.parametrize(("params", "max_positions", "message"), [
+    ({"rope_type": "longrope", "factor": 4.0}, 262144, "'longrope' is not supported"),
+    ({"rope_type": "dynamic", "factor": 4.0}, 262144, "'dynamic' is not supported"),
+    ({"rope_type": "yarn"}, 262144, "yarn rope scaling lacks its 'factor'"),
+    ({"rope_type": "yarn", "factor": 4.0}, None, "lacks original_max_position_embeddings"),
+])
+def test_rope_scaling_refuses_what_it_does_not_compute(params: dict, max_positions: int | None,
+                                                       message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        rope_scaling(params, max_positions)

@@ -32,6 +32,8 @@ def rope_scaling(params: dict[str, Any], max_positions: int | None
     model must not run silently on positions it was not made for."""
     params = {k: v for k, v in params.items() if k not in _NOT_SCALING}
     kind = params.pop("rope_type", params.pop("type", "default"))
+    if kind == "mrope":  # transformers 4's name for plain mRoPE, as transformers reads it
+        kind = "default"
     if kind not in ROPE_TYPES:
         raise ValueError(f"rope_type {kind!r} is not supported (supported: "
                          f"{', '.join(ROPE_TYPES)})")
