@@ -701,7 +701,6 @@ if triton is not None:
         top = tl.zeros([BT, TOP_K_P2], dtype=tl.float32)
         top_ids = tl.zeros([BT, TOP_K_P2], dtype=tl.int64)
         total = tl.zeros([BT], dtype=tl.float32)
-        z_max = tl.zeros([BT], dtype=tl.float32)
         for j in tl.static_range(TOP_K):
             key = tl.max(keys, axis=1)
             best = _ordered_bits((key >> 32).to(tl.int32)).to(tl.float32, bitcast=True)
