@@ -576,9 +576,9 @@ def prefetches(words: torch.Tensor, k: int, split_len: int) -> bool:
 
 def decode_tile_args(layout: _Layout, config: DecodeConfig, n: int, k: int, m: int) -> dict:
     """The compile-time arguments and launch options of `decode_tile` for a weight of
-    `layout` with n outputs (a tile's rows: BN, or BN/2 gate and BN/2 up rows, or BN of
-    each), k inputs and m activation rows, as the dense decode kernel and ops.moe's expert
-    decode pass them."""
+    `layout` with k inputs and m activation rows, as the dense decode kernel and ops.moe's
+    expert decode pass them; n is the N their row tiles split BN at a time (EVEN_N: whole
+    tiles), the kernel's own N argument."""
     return dict(SCHEME=layout.scheme, WPS=layout.words_per_scale, BM=decode_rows(m),
                 ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % config.bk == 0,
                 EVEN_N=DECODE_EVEN_N and n % config.bn == 0, BN=config.bn,
