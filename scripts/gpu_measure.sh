@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end measurements on the GPU machine (device tool, carry [".whl"]), one call:
-#   bash scripts/gpu_measure.sh STAGE...   (STAGE+STAGE+...: run side by side; STAGE@MODE)
+#   bash scripts/gpu_measure.sh STAGE...   (STAGE+STAGE+...: run side by side; STAGE@MODE;
+#   STAGE.N runs a stage again with its own log and engine output, as in eng27q eng27masked eng27q.2)
 # Each stage runs under its own time limit and logs to $OUT/<stage>.log; $OUT/stages.txt lists
 # every stage with its exit status and seconds, so a cut-off run still returns what finished.
 # Random-init artifacts of the real profiles are built on the machine (into $ART), never carried.
@@ -27,7 +28,7 @@ ONE_STEP="--prefill-chunk 8192 --max-batched-tokens 8192"
 engine() {  # engine SECONDS ARTIFACT-STEM [ninfer-bench engine flags]
   local limit=$1 a=$2; shift 2
   timeout "$limit" python3 -m ninfer_bench.cli engine "$ART/$a.ninfer" \
-    --context-lengths "$CTX" --decode-tokens "$TOKENS" --output "$out" "$@"
+    --context-lengths "$CTX" --decode-tokens "$TOKENS" --output "$out${again:+/again$again}" "$@"
 }
 context() {  # context NAME ARTIFACT-STEM: the NIAH context suite (MODE, default mtp0)
   timeout "${SUITE_SECONDS:-240}" python3 -m ninfer_bench.cli context --serve "python3 -m ninfer_serve.cli" \
@@ -43,8 +44,9 @@ saturation() {  # saturation NAME ARTIFACT-STEM: decode saturation at C = $SAT_C
 }
 
 run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@mtp3)
-  local name=${1%@*}
+  local name=${1%@*} again=
   [[ $1 == *@* ]] && local MODE=${1#*@}
+  [[ $name == *.* ]] && again=${name#*.} && name=${name%%.*}
   case $name in
     tests) timeout -s INT -k 20 "${TEST_SECONDS:-300}" python3 -u -m pytest -v -p no:cacheprovider -rf \
              --tb=short -k "${TEST_K:-}" ${TESTS:-tests/kernels/test_linear.py tests/kernels/test_moe.py \
