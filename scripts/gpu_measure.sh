@@ -59,7 +59,7 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
     build35) build 420 qwen3_6_35b_a3b nvfp4 ;;
     eng27) engine 240 qwen3_6_27b_nvfp4 --concurrency 1,8 ;;
     eng27c1) engine 240 qwen3_6_27b_nvfp4 --concurrency 1 ;;
-    eng27q) engine 180 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown ;;
+    eng27q) engine 300 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown ;;
     eng27int) engine 150 qwen3_6_27b_groupwise-int --concurrency 1 --no-breakdown ;;
     # without PDL, with the kernel breakdown: a PDL kernel's profiled time can include its wait
     # for the kernel before it, so the breakdowns of the runs with PDL may overstate the waiters
@@ -78,7 +78,7 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
     dflash27) engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
                 --spec dflash --draft-tokens 7 --lm-head-draft ;;
     eng35) engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 ;;  # a fresh start-up takes >200 s
-    eng35q) engine 200 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown ;;
+    eng35q) engine 330 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown ;;
     eng35eager) engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-prompt-graphs \
                   --output "$out/eager-prompts" ;;
     eng27eager) engine 240 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown --no-prompt-graphs \

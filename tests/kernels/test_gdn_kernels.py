@@ -10,6 +10,8 @@ window is shared by 3 heads x 2 tiles = 6 decode programs.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -19,6 +21,7 @@ from ninfer_runtime.ops.conv import (
     causal_conv1d_varlen,
     causal_conv1d_varlen_ref,
 )
+from ninfer_runtime.ops.dispatch import graph_kernels, graphing
 from ninfer_runtime.ops.gdn import (
     OutputNorm,
     _ticket_pool,
@@ -296,6 +299,22 @@ def test_prompt_kernels_are_fla_where_installed_unless_told(
     monkeypatch.setenv("NINFER_GDN_PROMPT", "flash")
     with pytest.raises(ValueError, match="NINFER_GDN_PROMPT"):
         gdn.prompt_kernels()
+
+
+def test_graphs_warm_up_the_kernels_they_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fla-core's prompt kernels read segment bounds on the host, so a graph holds ours; the
+    eager runs before a capture (`graph_kernels`) must launch ours too, or our scan's
+    autotuner first times its configs inside the capture and invalidates it."""
+    monkeypatch.delenv("NINFER_GDN_PROMPT", raising=False)
+    monkeypatch.setattr(gdn, "fla_installed", lambda: True)
+    on_gpu = SimpleNamespace(is_cuda=True)
+    assert gdn._takes_fla(on_gpu)
+    with graph_kernels():
+        assert graphing() and not gdn._takes_fla(on_gpu)
+        with graph_kernels():
+            pass
+        assert graphing()  # nested: the outer one still holds
+    assert not graphing() and gdn._takes_fla(on_gpu)
 
 
 def test_chunked_is_stable_on_correlated_keys() -> None:

@@ -16,7 +16,8 @@ the copying and padding are tested on machines without a GPU.
 
 NOTE: everything inside the forward must launch from shapes alone (no host reads of device
 values) and Triton's autotuning must have run for every shape before capture: `capture_all`
-runs each shape twice eagerly first.
+runs each shape twice eagerly first, under `graph_kernels` as the capture (so that an op with
+a faster kernel a graph cannot hold warms up the one it can).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 
 from ninfer_runtime.engine.batch import LogitsRows, Segment, StepBatch
 from ninfer_runtime.engine.kv_pool import pages_for
+from ninfer_runtime.ops.dispatch import graph_kernels
 
 # (step, *inputs) -> outputs, e.g. hidden, logits[, taps]
 Forward = Callable[..., tuple[torch.Tensor, ...]]
@@ -150,15 +152,16 @@ class StepGraphs:
         device = entry.static.token_ids.device
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # autotuning and lazy initialisation happen here, not in capture
-                self.forward(entry.static, *entry.inputs)
-        torch.cuda.current_stream(device).wait_stream(stream)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            entry.outputs = self.forward(entry.static, *entry.inputs)
+        with graph_kernels():
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # autotuning and lazy initialisation: here, not in capture
+                    self.forward(entry.static, *entry.inputs)
+            torch.cuda.current_stream(device).wait_stream(stream)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                entry.outputs = self.forward(entry.static, *entry.inputs)
         entry.graph = graph
 
     def can_run(self, batch: StepBatch, *inputs: torch.Tensor) -> bool:

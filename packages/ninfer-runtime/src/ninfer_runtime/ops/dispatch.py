@@ -13,6 +13,8 @@ bisecting). Correctness first: a kernel earns auto mode by passing on real hardw
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 
 import torch
@@ -53,3 +55,26 @@ def _launches(on_cuda: bool, validated: bool) -> bool:
     if mode == "ref" or not triton_available():
         return False
     return mode == "triton" or (validated and on_cuda)
+
+
+_graphing = False
+
+
+@contextmanager
+def graph_kernels() -> Iterator[None]:
+    """Within: the forward launches the kernels a CUDA graph can hold, also while it runs
+    eagerly. The warm-up runs before a capture must launch (and autotune) the very kernels the
+    capture records: an autotuner timing its configs inside a capture invalidates the graph
+    (the 27B's engine start-up failed so when fla-core ran the warm-up's GDN prompt chunks
+    and our own scan was first launched in the capture, docs/perf.md, twenty-second run)."""
+    global _graphing
+    before, _graphing = _graphing, True
+    try:
+        yield
+    finally:
+        _graphing = before
+
+
+def graphing() -> bool:
+    """Whether the forward must take graph-safe kernels: inside `graph_kernels` or a capture."""
+    return _graphing or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())

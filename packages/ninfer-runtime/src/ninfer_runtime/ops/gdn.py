@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer_runtime.ops.conv import causal_conv1d_update, check_conv_args
-from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
+from ninfer_runtime.ops.dispatch import INTERPRET, graphing, use_triton
 from ninfer_runtime.ops.launch import dot_precision, options
 from ninfer_runtime.ops.norm import gated_rms_norm, operand_heads, rounds_product
 from ninfer_runtime.ops.quant_linear import DecodeOperand, operand_buffers
@@ -241,9 +241,8 @@ def fla_installed() -> bool:
 
 def _takes_fla(v: torch.Tensor) -> bool:
     """Whether this prompt step runs fla-core's kernels: on a GPU, where `prompt_kernels`
-    says so, outside graph capture."""
-    return (v.is_cuda and prompt_kernels() == "fla"
-            and not torch.cuda.is_current_stream_capturing())
+    says so, outside a graph's capture and its warm-up (`graph_kernels`)."""
+    return v.is_cuda and prompt_kernels() == "fla" and not graphing()
 
 
 def _launch_fla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
