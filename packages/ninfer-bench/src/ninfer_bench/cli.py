@@ -52,6 +52,9 @@ def kernels(only: tuple[str, ...], device: str, output: Path) -> None:
     unknown = set(only) - set(available)
     if unknown:
         raise click.ClickException(f"unknown suites {sorted(unknown)}; known: {sorted(available)}")
+    if torch.device(device).index is not None and torch.cuda.is_available():
+        # the suites' ratios (`against_bandwidth`) and this header take the current device
+        torch.cuda.set_device(torch.device(device))
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
     report = {"gpu": gpu, "commit": _commit(), "date": datetime.now(timezone.utc).isoformat(),
               "ceilings": asdict(ceilings(device)), "rows": []}

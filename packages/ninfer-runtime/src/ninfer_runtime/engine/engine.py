@@ -179,9 +179,11 @@ class Engine:
 
     @classmethod
     def from_artifact(cls, path: str | Path, config: EngineConfig) -> Engine:
-        # before the weights load: a 27B's take a while to be refused after
-        check_context(config.max_context, Artifact.open(path, verify=False).config)
-        loaded = load_artifact(path, config.device, mtp=config.spec == "mtp",
+        artifact = Artifact.open(path, verify=False)
+        # before the checksums and the weights: a 27B's take a while to be refused after
+        check_context(config.max_context, artifact.config)
+        artifact.verify()
+        loaded = load_artifact(artifact, config.device, mtp=config.spec == "mtp",
                                dflash=config.spec == "dflash",
                                lm_head_draft=config.lm_head_draft)
         return cls(loaded.model, config, tokenizer=loaded.tokenizer,

@@ -46,16 +46,17 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def load_artifact(path: str | Path, device: str | torch.device,
+def load_artifact(source: Artifact | str | Path, device: str | torch.device,
                   dtype: torch.dtype | None = None, *, mtp: bool = False,
                   dflash: bool = False, lm_head_draft: bool = False) -> LoadedModel:
-    """The artifact's model on `device`; with `mtp` also its MTP head, with `dflash` its
-    DFlash draft, with `lm_head_draft` its draft head. An artifact without the asked-for part
-    raises ArtifactError."""
+    """The artifact's model on `device` (`source`: a path, opened and verified here, or an
+    `Artifact` already open); with `mtp` also its MTP head, with `dflash` its DFlash draft,
+    with `lm_head_draft` its draft head. An artifact without the asked-for part raises
+    ArtifactError."""
     from ninfer_runtime.artifact import Artifact
     from ninfer_runtime.tokenizer import Tokenizer
 
-    artifact = Artifact.open(path)
+    artifact = source if isinstance(source, Artifact) else Artifact.open(source)
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
     model = Qwen3_5Model(artifact.config, artifact.weights(), dtype=dtype, device=device)
