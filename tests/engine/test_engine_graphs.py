@@ -18,6 +18,7 @@ from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs, shape_of
 from ninfer_runtime.engine.device_setup import graph_example, graph_shapes, step_graphs
 from ninfer_runtime.engine.memory_plan import GiB, MemoryPlanError, plan_memory
 from ninfer_runtime.models.loading import load_artifact
+from ninfer_runtime.ops import gdn
 
 PLAN = dict(device="cuda:0", total=140 * GiB, other=1 * GiB, weights=18 * GiB,
             state_slots=2 * GiB, prefill_workspace=3 * GiB, step_tokens=8192,
@@ -236,3 +237,29 @@ def test_a_lone_long_prompt_replays_its_chunk_graphs(tiny_artifact: Callable[[st
     # 48 = 3 chunks (the last with logits), 37 = 2 chunks + 5 eagerly; 4 + 4 decode steps
     # minus the two first tokens, sampled by the prompts' last steps
     assert replays == {("step", 16): 5, ("step", 1): 6}
+
+
+@pytest.mark.skipif(DEVICE != "cuda" or not gdn.fla_installed(),
+                    reason="graph capture beside fla-core's kernels needs a GPU and fla-core")
+def test_a_prompt_chunk_graph_warms_up_the_kernels_it_captures(model, monkeypatch) -> None:
+    """A graph cannot hold fla-core's GDN prompt kernels (they read segment bounds on the
+    host), so it holds ours; the eager runs before the capture must take ours too, or our
+    scan's autotuner first times its configs inside the capture and invalidates it (the 27B's
+    engine start failed so on the H100, docs/perf.md, twenty-second run). Outside a graph
+    the same step takes fla's."""
+    monkeypatch.delenv("NINFER_GDN_PROMPT", raising=False)
+    took: list[bool] = []
+    takes = gdn._takes_fla
+    monkeypatch.setattr(gdn, "_takes_fla", lambda v: took.append(takes(v)) or took[-1])
+    caches = model.allocate_cache(4, PAGE, 1, int8_kv=True)
+
+    def chunk(shape: GraphShape) -> StepBatch:
+        return StepBatch.build([Segment(prompt(shape.tokens_per_seq, 1), 0, [0, 1], 0)],
+                               PAGE, model.device)
+
+    graphs = StepGraphs(lambda b: (model.forward_batch(b, caches),), chunk, max_pages=2)
+    graphs.capture_all([GraphShape.of(1, 24, "last")])
+    assert took and not any(took)
+    took.clear()
+    model.forward_batch(chunk(GraphShape.of(1, 24, "last")), caches)
+    assert took and all(took)
