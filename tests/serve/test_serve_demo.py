@@ -81,7 +81,13 @@ def test_demo_serves_answers_and_stops_on_ctrl_c(artifact: Path) -> None:
             status = demo.wait(60)
         except subprocess.TimeoutExpired:
             demo.kill()
-            raise
+            # where it hung: its last lines, and what it (and the server) said after Ctrl-C
+            # (once, under CI's load, it had not stopped 60 s after the signal)
+            later = []
+            while not lines.empty() and (line := lines.get()) is not None:
+                later.append(line)
+            pytest.fail("the demo did not stop 60 s after Ctrl-C; its output:\n"
+                        + "\n".join(output[-20:] + ["-- after Ctrl-C --"] + later))
     assert status == 0
     with pytest.raises(httpx.ConnectError):  # the server went with it
         httpx.get(f"http://127.0.0.1:{port}/health")
