@@ -41,6 +41,7 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
+from ninfer_runtime.ops.compile_ahead import launch
 from ninfer_runtime.ops.dispatch import INTERPRET, runs_triton_on, use_triton
 from ninfer_runtime.ops.kv_quant import dequantize_int8, quantize_int8
 from ninfer_runtime.ops.launch import dot_precision, options
@@ -928,7 +929,8 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     part_lse = torch.empty((n, nq, plan.num_splits) if split else (1,), dtype=torch.float32,
                            device=q.device)
     g = q if gate is None else gate
-    _paged_attention_kernel[(plan.num_blocks, nkv, plan.num_splits)](
+    launch(
+        _paged_attention_kernel, (plan.num_blocks, nkv, plan.num_splits),
         q, q.stride(0), q.stride(1), k_cache, v_cache,
         k_scale if quant else k_cache, v_scale if quant else v_cache,
         page_tables, page_tables.stride(0), cu_seqlens, context_lens, num_seqs, nkv,

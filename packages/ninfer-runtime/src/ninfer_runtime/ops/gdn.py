@@ -45,6 +45,7 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
+from ninfer_runtime.ops.compile_ahead import launch
 from ninfer_runtime.ops.conv import causal_conv1d_update, check_conv_args
 from ninfer_runtime.ops.dispatch import INTERPRET, graphing, use_triton
 from ninfer_runtime.ops.launch import dot_precision, options
@@ -510,7 +511,8 @@ def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     blocks = num_blocks(n, seqs, CHUNK_SIZE)
     delta = torch.empty(n, nv, dv, dtype=torch.float32, device=v.device)
     hs = torch.empty(blocks, nv, dk, dv, dtype=torch.float32, device=v.device)
-    scan_kernel(dv)[lambda meta: (seqs, nv, dv // meta["BV"])](
+    launch(
+        scan_kernel(dv), lambda meta: (seqs, nv, dv // meta["BV"]),
         kn, g, w, u, delta, hs, states, cu_seqlens, slots, g.stride(0), states.stride(0),
         states.stride(1), GROUP=nv // nk, DK=dk, DV=dv, C=CHUNK_SIZE,
         PRECISION=precision)

@@ -61,6 +61,7 @@ import torch.nn.functional as F
 
 from ninfer_runtime.ops import quant_linear, skinny_linear
 from ninfer_runtime.ops.activation import silu_and_mul
+from ninfer_runtime.ops.compile_ahead import launch
 from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
 from ninfer_runtime.ops.launch import dot_precision, l2_prefetch, options
 from ninfer_runtime.ops.linear import linear
@@ -422,7 +423,8 @@ def _launch_grouped(a: torch.Tensor, w: _Experts, out: torch.Tensor, al: Alignme
     def grid(meta: dict) -> tuple[int, int]:
         return num_blocks, triton.cdiv(n, meta["BLOCK_N"])
 
-    _grouped_gemm_kernel[grid](
+    launch(
+        _grouped_gemm_kernel, grid,
         a, a.stride(0), weight, scale, w.aux, weight.stride(0), weight.stride(1),
         scale.stride(0), scale.stride(1), w.aux.stride(0), w.aux.stride(1),
         out, out.stride(0), al.sorted_slots, al.block_expert, n, k, pairs, top_k,
@@ -533,7 +535,8 @@ def _launch_moe_decode(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeigh
         def grid(meta: dict, programs: int = programs, n: int = n) -> tuple[int, int]:
             return programs, triton.cdiv(n, meta["BN"])
 
-        _decode_gemv_kernel[grid](
+        launch(
+            _decode_gemv_kernel, grid,
             a, a.stride(0), words, w.scale, w.aux, words.stride(0), words.stride(1),
             w.scale.stride(0), w.scale.stride(1), w.aux.stride(0), w.aux.stride(1),
             dst, dst.stride(0), ids, weights, n, w.shape[2], top_k,
@@ -616,7 +619,8 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
     # arrival counters: (output row, column tile) for the K parts, then (pair, operand group)
     groups = pairs * triton.cdiv(n, hand_on.group) if hand_on else 0
     counters = quant_linear.tile_counters(a.device, outputs * tiles + groups)
-    _decode_experts_kernel[(pairs, tiles, splits)](
+    launch(
+        _decode_experts_kernel, (pairs, tiles, splits),
         operand.xo, operand.inv, operand.xsum, words, w.scale, w.aux, part_buf, counters, out,
         *quant_linear.operand_buffers(hand_on, out), counters[outputs * tiles:], ids, weights,
         a.shape[0], n, k, top_k,

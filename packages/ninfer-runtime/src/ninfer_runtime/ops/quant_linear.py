@@ -80,6 +80,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ninfer_runtime.ops import tuning_cache
+from ninfer_runtime.ops.compile_ahead import compile_candidates, launch
 from ninfer_runtime.ops.dispatch import INTERPRET
 from ninfer_runtime.ops.launch import dot_precision, l2_prefetch, options
 from ninfer_runtime.ops.quant_decode import INT_F16_BIAS, NV_F16_EXP
@@ -508,6 +509,7 @@ def _cold_times(options: list, run: Callable[[object], None], device: torch.devi
     every candidate the same, so the ranking is theirs."""
     from triton.testing import do_bench_cudagraph
 
+    compile_candidates(run, options)  # built side by side, then timed one by one
     evict = torch.zeros(_l2_bytes(device) // 2, dtype=torch.float32, device=device)
     total = torch.empty((), dtype=torch.float32, device=device)
 
@@ -554,7 +556,8 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
     counters = tile_counters(x.device, tiles + groups)  # row tiles', then operand groups'
     parts = out if plan.splits == 1 else torch.empty((plan.splits, m, n), dtype=torch.float32,
                                                      device=x.device)
-    _decode_kernel[(tiles, plan.splits)](
+    launch(
+        _decode_kernel, (tiles, plan.splits),
         operand.xo, operand.inv, operand.xsum, ops.words, ops.scale, ops.zero, ops.gscale,
         parts, counters, out, hidden, *operand_buffers(handed, out), counters[tiles:], m, n, k,
         ops.words.stride(0),
@@ -612,7 +615,8 @@ def _launch_gemm(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
 
     # NOTE: the autotune key uses M rounded up to a power of two, so chunked prefill's varying
     # token counts reuse a handful of tuned configs instead of re-tuning every step.
-    _gemm[grid](
+    launch(
+        _gemm, grid,
         x, ops.words, ops.scale, ops.zero, ops.gscale, out, m, n, k, x.stride(0),
         ops.words.stride(0), ops.scale.stride(0), triton.next_power_of_2(m), xo, inv,
         SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale,
