@@ -5,9 +5,9 @@ just before it times it, one after another. On an empty Triton cache (a fresh ma
 Triton) compilation is most of an engine's start: the 27B's one-step bench took 269 s to
 start with 201 compilations on the H100 (docs/perf.md, twenty-first run), 45 s once the cache
 held most of them (twenty-second); a paged attention candidate takes ~4 s to build for sm_90
-on one core. Triton builds
-kernels in threads (`triton.AsyncCompileMode`: ptxas and most of its passes leave the GIL):
-four attention candidates took 14.6 s one after another and 7.7 s on two threads here.
+on one core. Triton builds kernels on threads (`triton.AsyncCompileMode`: ptxas and most of
+its passes leave the GIL): four attention candidates took 14.6 s one after another and 7.7 s
+on two threads of a two-core machine.
 
 So the first launch of an autotuned kernel for a tuning key (`launch`) first compiles every
 candidate its pruning keeps, side by side, then lets the autotuner time them as before; and
