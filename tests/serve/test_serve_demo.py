@@ -82,7 +82,8 @@ def test_demo_serves_answers_and_stops_on_ctrl_c(artifact: Path) -> None:
         except subprocess.TimeoutExpired:
             demo.kill()
             # where it hung: its last lines, and what it (and the server) said after Ctrl-C
-            # (once, under CI's load, it had not stopped 60 s after the signal)
+            # (a demo that inherited an ignored SIGINT, as CI's background run gave it, did
+            # not stop; it now restores the handler itself)
             later = []
             while not lines.empty() and (line := lines.get()) is not None:
                 later.append(line)

@@ -11,6 +11,7 @@ does not.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -106,6 +107,9 @@ def main(host: str, port: int, serve_args: tuple[str, ...]) -> None:
 
     SERVE_ARGS go to ninfer-serve as they are (e.g. --device cpu --max-concurrency 4).
     """
+    # Ctrl-C stops the demo even where it was started with SIGINT ignored (a background job
+    # of a non-interactive shell: CI's runner started so, the demo ignored the test's Ctrl-C)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     url = base_url(host, port)
     click.echo("starting ninfer-serve on the embedded default model (tiny, random weights; "
                "built on first use) ...")
