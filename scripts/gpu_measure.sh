@@ -100,6 +100,13 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
                    --no-breakdown --output "$out/masked" ;;
     eng35masked) NINFER_DECODE_EVEN_N=0 engine 240 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \
                    --no-breakdown --output "$out/masked" ;;
+    # a start on empty caches (Triton's kernels and autotune results, the decode plans): the
+    # cost of compiling, with the tuners' candidates compiled side by side and one at a time
+    cold27) TRITON_CACHE_DIR=$(mktemp -d) NINFER_HOME=$(mktemp -d) engine 420 qwen3_6_27b_nvfp4 \
+              --concurrency 1 --no-breakdown --output "$out/cold" ;;
+    cold27serial) NINFER_COMPILE_WORKERS=1 TRITON_CACHE_DIR=$(mktemp -d) NINFER_HOME=$(mktemp -d) \
+                    engine 420 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
+                    --output "$out/cold-serial" ;;
     mtp35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
              --spec mtp --draft-tokens 3 --lm-head-draft ;;
     dflash35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
