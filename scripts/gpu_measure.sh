@@ -30,6 +30,10 @@ engine() {  # engine SECONDS ARTIFACT-STEM [ninfer-bench engine flags]
   timeout "$limit" python3 -m ninfer_bench.cli engine "$ART/$a.ninfer" \
     --context-lengths "$CTX" --decode-tokens "$TOKENS" --output "$out${again:+/again$again}" "$@"
 }
+cold() {  # cold OUTPUT: a 27B engine start on empty caches (Triton's, the decode plans)
+  TRITON_CACHE_DIR=$(mktemp -d) NINFER_HOME=$(mktemp -d) engine 420 qwen3_6_27b_nvfp4 \
+    --concurrency 1 --no-breakdown --output "$1"
+}
 context() {  # context NAME ARTIFACT-STEM: the NIAH context suite (MODE, default mtp0)
   timeout "${SUITE_SECONDS:-240}" python3 -m ninfer_bench.cli context --serve "python3 -m ninfer_serve.cli" \
     --artifact "$1=$ART/$2.ninfer" --mode "${MODE:-mtp0}" --context-lengths "${CTX_LIST:-8192,65536}" \
@@ -100,13 +104,9 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
                    --no-breakdown --output "$out/masked" ;;
     eng35masked) NINFER_DECODE_EVEN_N=0 engine 240 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \
                    --no-breakdown --output "$out/masked" ;;
-    # a start on empty caches (Triton's kernels and autotune results, the decode plans): the
-    # cost of compiling, with the tuners' candidates compiled side by side and one at a time
-    cold27) TRITON_CACHE_DIR=$(mktemp -d) NINFER_HOME=$(mktemp -d) engine 420 qwen3_6_27b_nvfp4 \
-              --concurrency 1 --no-breakdown --output "$out/cold" ;;
-    cold27serial) NINFER_COMPILE_WORKERS=1 TRITON_CACHE_DIR=$(mktemp -d) NINFER_HOME=$(mktemp -d) \
-                    engine 420 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
-                    --output "$out/cold-serial" ;;
+    # the cost of compiling, with the tuners' candidates compiled side by side and one at a time
+    cold27) cold "$out/cold" ;;
+    cold27serial) NINFER_COMPILE_WORKERS=1 cold "$out/cold-serial" ;;
     mtp35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
              --spec mtp --draft-tokens 3 --lm-head-draft ;;
     dflash35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \

@@ -44,7 +44,14 @@ def on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compile_ahead, "_tuned_keys", set())
 
 
-def test_an_autotuned_kernel_compiles_its_candidates_once_a_key(on) -> None:
+@pytest.fixture
+def warming(on) -> None:
+    """In the engine's warm-up, where autotuned kernels compile a new key ahead."""
+    with compile_ahead.warming_up():
+        yield
+
+
+def test_an_autotuned_kernel_compiles_its_candidates_once_a_key(warming) -> None:
     calls: list = []
     kernel, x = Tuned(calls), torch.zeros(4)
     compile_ahead.launch(kernel, (1,), x, 64, BLOCK=16)
@@ -60,7 +67,15 @@ def test_an_autotuned_kernel_compiles_its_candidates_once_a_key(on) -> None:
     assert compile_ahead.tuning_key(kernel, (x, 64), {"BLOCK": 16}) == (64, 16, "torch.float32")
 
 
-def test_a_plain_kernel_just_launches(on) -> None:
+def test_after_the_warm_up_a_new_key_is_timed_as_triton_does(on) -> None:
+    """Outside the warm-up a launch pays no tuning key's computation: a key first met then
+    compiles its candidates one at a time, in the autotuner."""
+    calls: list = []
+    compile_ahead.launch(Tuned(calls), (1,), torch.zeros(1), 1, BLOCK=1)
+    assert [c[0] for c in calls] == ["launch"]
+
+
+def test_a_plain_kernel_just_launches(warming) -> None:
     calls: list = []
     compile_ahead.launch(Kernel(calls), (1,), 3)
     assert [c[0] for c in calls] == ["launch"]
@@ -81,11 +96,13 @@ def test_off_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list = []
     compile_ahead.compile_candidates(lambda c: compile_ahead.launch(Kernel(calls), (c,), c), [1])
     assert calls == []
-    compile_ahead.launch(Tuned(calls), (1,), torch.zeros(1), 1, BLOCK=1)
+    with compile_ahead.warming_up():
+        compile_ahead.launch(Tuned(calls), (1,), torch.zeros(1), 1, BLOCK=1)
     assert [c[0] for c in calls] == ["launch"]
 
 
-def test_a_failed_compile_ahead_still_launches(on, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failed_compile_ahead_still_launches(warming, caplog: pytest.LogCaptureFixture
+                                                 ) -> None:
     calls: list = []
     kernel = Tuned(calls)
     kernel.fail = True

@@ -32,6 +32,7 @@ from ninfer_runtime.engine.warmup import Gpu, WarmupStep, warmup_steps
 from ninfer_runtime.models.cache import GDNSlots, LayerCache, allocate_layer_caches
 from ninfer_runtime.models.qwen3_5 import Qwen3_5Model
 from ninfer_runtime.ops.attention import lone_prompt_gather_bytes
+from ninfer_runtime.ops.compile_ahead import warming_up
 from ninfer_runtime.ops.moe import dequantized_path_runs
 
 log = logging.getLogger("ninfer.engine")
@@ -118,8 +119,9 @@ def warm_up(model: Qwen3_5Model, caches: list[LayerCache], config: EngineConfig,
     """One forward of each warm-up step (the first launch of each key tunes its kernel), then
     the sampler on the last step's logits."""
     start = time.perf_counter()
-    for step in steps:
-        logits = _forward_step(model, caches, warmup_batch(step, config, model.device))[1]
+    with warming_up():  # each key's candidates compiled side by side (ops.compile_ahead)
+        for step in steps:
+            logits = _forward_step(model, caches, warmup_batch(step, config, model.device))[1]
     warm_up_sampler(logits)
     _synchronize(model.device)
     log.info("warm-up: %d step shapes in %.1f s", len(steps), time.perf_counter() - start)
@@ -235,7 +237,8 @@ def warm_up_proposer(proposer: Proposer, model: Qwen3_5Model, config: EngineConf
                      for i, n in enumerate(rows)]
         hidden = torch.zeros(starts[-1], h, dtype=model.dtype, device=model.device)
         taps = hidden.new_zeros(starts[-1], len(proposer.taps) * h) if proposer.taps else None
-        proposer.propose(hidden, taps, committed)
+        with warming_up():
+            proposer.propose(hidden, taps, committed)
         ran += 1
     _synchronize(model.device)
     log.info("proposer warm-up: %d step shapes in %.1f s", ran, time.perf_counter() - start)

@@ -9,8 +9,10 @@ on one core. Triton builds kernels on threads (`triton.AsyncCompileMode`: ptxas 
 its passes leave the GIL): four attention candidates took 14.6 s one after another and 7.7 s
 on two threads of a two-core machine.
 
-So the first launch of an autotuned kernel for a tuning key (`launch`) first compiles every
-candidate its pruning keeps, side by side, then lets the autotuner time them as before; and
+So in the engine's warm-up (`warming_up`, where the steps meet every tuning key), the first
+launch of an autotuned kernel for a key (`launch`) first compiles every candidate its
+pruning keeps, side by side, then lets the autotuner time them as before (after the warm-up
+`launch` adds a flag's test to a launch, not the key's computation); and
 a tuner of our own has its candidates' kernels compiled side by side (`compile_candidates`:
 each candidate run once where `launch` only submits compilations) before it times them.
 NINFER_COMPILE_WORKERS sets the threads (default: the CPUs, at most 16); 1 compiles as Triton
@@ -37,6 +39,7 @@ except ImportError:  # CPU-only install: nothing here is used
 
 log = logging.getLogger("ninfer.compile")
 _ahead = False  # inside `_compiling_ahead`: launches only submit their compilations
+_warming = False  # inside `warming_up`: an autotuned kernel's new key compiles ahead
 _tuned_keys: set[tuple] = set()  # (kernel, tuning key) whose candidates were compiled
 
 
@@ -52,6 +55,18 @@ def workers() -> int:
         return int(value)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return min(16, cpus or 1)
+
+
+@contextmanager
+def warming_up() -> Iterator[None]:
+    """Within: autotuned kernels launched through `launch` compile a new tuning key's
+    candidates side by side before timing them (the engine's start-up warm-up)."""
+    global _warming
+    before, _warming = _warming, True
+    try:
+        yield
+    finally:
+        _warming = before
 
 
 def compile_candidates(run: Callable[[Any], None], candidates: Iterable[Any]) -> None:
@@ -83,13 +98,13 @@ def _compiling_ahead() -> Iterator[None]:
 
 def launch(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
     """`kernel[grid](*args, **kwargs)`, a @triton.jit or @triton.autotune kernel: inside
-    `compile_candidates` only compiled (every candidate of an autotuned one); outside, an
-    autotuned kernel meeting a tuning key the first time has its candidates compiled side by
-    side before its autotuner times them."""
+    `compile_candidates` only compiled (every candidate of an autotuned one); inside
+    `warming_up`, an autotuned kernel meeting a tuning key the first time has its candidates
+    compiled side by side before its autotuner times them."""
     if _ahead:
         _submit(kernel, grid, args, kwargs)
         return
-    if isinstance(kernel, Autotuner) and workers() > 1:
+    if _warming and isinstance(kernel, Autotuner) and workers() > 1:
         key = (id(kernel), tuning_key(kernel, args, kwargs))
         if key not in _tuned_keys:
             _tuned_keys.add(key)
