@@ -12,9 +12,9 @@ on two threads of a two-core machine.
 So in the engine's warm-up (`warming_up`, where the steps meet every tuning key), the first
 launch of an autotuned kernel for a key (`launch`) first compiles every candidate its
 pruning keeps, side by side, then lets the autotuner time them as before (after the warm-up
-`launch` adds a flag's test to a launch, not the key's computation); and
-a tuner of our own has its candidates' kernels compiled side by side (`compile_candidates`:
-each candidate run once where `launch` only submits compilations) before it times them.
+`launch` adds a flag's test to a launch, not the key's computation); and a tuner of our own
+has its candidates' kernels compiled side by side (`compile_candidates`: each candidate run
+once where `launch` only submits compilations) before it times them.
 NINFER_COMPILE_WORKERS sets the threads (default: the CPUs, at most 16); 1 compiles as Triton
 alone does. Nothing changes under the interpreter.
 """
