@@ -63,7 +63,7 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
     build35) build 420 qwen3_6_35b_a3b nvfp4 ;;
     eng27) engine 240 qwen3_6_27b_nvfp4 --concurrency 1,8 ;;
     eng27c1) engine 240 qwen3_6_27b_nvfp4 --concurrency 1 ;;
-    eng27q) engine 300 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown ;;
+    eng27q) engine 420 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown ;;
     eng27int) engine 150 qwen3_6_27b_groupwise-int --concurrency 1 --no-breakdown ;;
     # without PDL, with the kernel breakdown: a PDL kernel's profiled time can include its wait
     # for the kernel before it, so the breakdowns of the runs with PDL may overstate the waiters
@@ -82,7 +82,7 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
     dflash27) engine 150 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
                 --spec dflash --draft-tokens 7 --lm-head-draft ;;
     eng35) engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 ;;  # a fresh start-up takes >200 s
-    eng35q) engine 330 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown ;;
+    eng35q) engine 420 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown ;;
     eng35eager) engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-prompt-graphs \
                   --output "$out/eager-prompts" ;;
     eng27eager) engine 240 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown --no-prompt-graphs \
@@ -104,6 +104,12 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
                    --no-breakdown --output "$out/masked" ;;
     eng35masked) NINFER_DECODE_EVEN_N=0 engine 240 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \
                    --no-breakdown --output "$out/masked" ;;
+    # the one-row decode GEMV with its block scales per weight, not per MMA column
+    # (NINFER_DECODE_BLOCK_COLUMNS=0), the A/B of the block columns
+    eng27perweight) NINFER_DECODE_BLOCK_COLUMNS=0 engine 240 qwen3_6_27b_nvfp4 --concurrency 1 \
+                      --no-breakdown --output "$out/per-weight" ;;
+    eng35perweight) NINFER_DECODE_BLOCK_COLUMNS=0 engine 300 qwen3_6_35b_a3b_nvfp4 \
+                      --concurrency 1 --no-breakdown --output "$out/per-weight" ;;
     # the cost of compiling, with the tuners' candidates compiled side by side and one at a time
     cold27) cold "$out/cold" ;;
     cold27serial) NINFER_COMPILE_WORKERS=1 cold "$out/cold-serial" ;;

@@ -453,6 +453,26 @@ def test_the_operand_group_sums_are_exact() -> None:
     assert torch.equal(op.xsum, exact)
 
 
+def test_one_row_nvfp4_operand_takes_the_block_layout() -> None:
+    """One row's operand in nvfp4's groups (`quant_decode.BLOCK_COLUMNS`): 8 rows, row r the
+    row's operand values of the 16-input scale blocks b with b % 8 == r, zeros elsewhere; two
+    rows keep the plain layout, and a GEMV of either is the reference."""
+    k = 768
+    w = packed("nvfp4", 64, k)
+    group = quant_linear.operand_group(w)
+    x = rand(2, k, dtype=HALF) * 4
+    plain = quant_linear.activation_operands(x, group, False)
+    block = quant_linear.activation_operands(x[:1], group, False)
+    assert plain.xo.shape == (8, 2, k // 8) and block.xo.shape == (8, 8, k // 8)
+    rows = (torch.arange(k // 8, device=x.device) // 2) % 8  # word w's block, mod 8
+    expect = torch.zeros_like(block.xo)
+    expect.scatter_(1, rows.expand(8, 1, -1), plain.xo[:, :1])
+    assert torch.equal(block.xo, expect) and torch.equal(block.inv, plain.inv[:, :1])
+    assert quant_linear.block_columns(0, 1, group) and not quant_linear.block_columns(0, 2, group)
+    for m in (1, 2):
+        check(linear(x[:m], w), x[:m], w)
+
+
 def test_the_gdn_norm_hands_out_proj_the_operand_of_a_decode_gemv_only() -> None:
     """`models.layers.gated_norm`: the operand where out_proj runs the decode GEMV, none for a
     plain weight, fp32 activations or a prompt's rows; the norm in every case."""
