@@ -38,7 +38,7 @@ Kernels:
   there the MMA's 8 columns, otherwise padding, each take one 16-input scale block (the
   operand's block layout, `quant_decode.BLOCK_COLUMNS`), and the scales multiply the [BN, 8]
   dot result once per 128 inputs instead of every weight pair (`decode_tile`'s BLOCK_COLS;
-  sm_90 SASS of the 27B config: 3.10 -> 2.64-2.75 instructions a weight, 154 -> 96-101
+  sm_90 SASS of the 27B configs: 3.03-3.11 -> 2.61-2.71 instructions a weight, 153-168 -> 96-102
   registers); groupwise-int iterates one 128-code group at a time and applies scale and zero
   point to the group's dot result: s * (sum((1024 + q) x) - (1024 + z) * sum(x)). K is split
   over a second grid axis when row tiles alone would leave SMs idle (stream-K grids, timed on
@@ -860,6 +860,7 @@ if triton is not None:
         carry the blocks instead."""
         BLOCK_DOTS: tl.constexpr = 4 if DOTS > 4 else DOTS
         inv = tl.load(inv_ptr + (k0 // BK) * M)
+        tile = tl.zeros(acc.shape, tl.float32)
         for h in tl.static_range(BK // _BLOCK_COLS_K_C):
             kh = k0 + h * _BLOCK_COLS_K_C
             kw = tl.max_contiguous(tl.multiple_of(kh // 8 + tl.arange(0, 16), 16), 16)
@@ -881,8 +882,8 @@ if triton is not None:
             # a barrier per dot in the loop)
             d = _dots(nv_codes(words, ASM), tl.zeros(acc.shape, tl.float32), xo_ptr, rows8,
                       rows8 < _BLOCK_ROWS_C, _BLOCK_ROWS_C, K, kh, k_hi, EVEN_K, 16, BLOCK_DOTS)
-            acc += d * (scale * inv)
-        return acc
+            tile += d * scale
+        return acc + tile * inv
 
     @triton.jit
     def decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms,
