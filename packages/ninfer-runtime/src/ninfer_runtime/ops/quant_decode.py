@@ -226,8 +226,9 @@ if triton is not None:
         if _BLOCK_COLUMNS and GROUP == _BLOCK_GROUP and M == 1:  # the block layout
             b = tl.arange(0, _BLOCK_ROWS)[None, :, None]
             c = cols[None, None, :]
-            dst = ((c % 8) * _BLOCK_ROWS + b) * (K // 8) + c // 8 + 0 * rows[:, None, None]
-            tl.store(xo_ptr + dst, tl.where((c // 16) % _BLOCK_ROWS == b, xo[:, None, :], 0.0),
+            block_dst = ((c % 8) * _BLOCK_ROWS + b) * (K // 8) + c // 8 + 0 * rows[:, None, None]
+            tl.store(xo_ptr + block_dst,
+                     tl.where((c // 16) % _BLOCK_ROWS == b, xo[:, None, :], 0.0),
                      mask=row_ok[:, None, None] & (c < K))
         else:
             dst = ((cols % 8)[None, :] * M + rows[:, None]) * (K // 8) + (cols // 8)[None, :]
