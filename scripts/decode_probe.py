@@ -63,7 +63,7 @@ _RAW_PTX = tl.constexpr("\n".join(f"mov.b32 ${j}, ${8 + j % 2};" for j in range(
 @triton.jit
 def _probe_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, stride_s,
                   split_len, MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                  BK: tl.constexpr, DOTS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+                  BK: tl.constexpr, DOTS: tl.constexpr):
     tile, split, rows, row_ok, ms, m_ok, k_lo, k_hi = ql.split_program(M, N, K, split_len,
                                                                        BM, BN)
     BKW: tl.constexpr = BK // 8
@@ -74,7 +74,7 @@ def _probe_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, st
         if MODE == 0:
             acc = ql.decode_tile(acc, xo_ptr, inv_ptr, inv_ptr, w_ptr, s_ptr, s_ptr, row_off,
                                  row_ok, ms, m_ok, M, K, k0, k_hi, stride_w, stride_s, 0, 2,
-                                 True, True, True, BK, DOTS, BLOCK_COLS)
+                                 True, True, True, BK, DOTS)
         else:
             kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
             ks = tl.max_contiguous(tl.multiple_of(k0 // 16 + tl.arange(0, BKW // 2), BKW // 2),
@@ -133,8 +133,7 @@ def _probe_call(ws: list, x: torch.Tensor, xo: torch.Tensor, inv: torch.Tensor,
         _probe_kernel[(n // c.bn, splits)](
             xo, inv, w.parts["weight"].view(torch.int32), w.parts["weight_scale"], parts, 1, n,
             k, k // 8, k // 16, split_len, MODE=mode, BM=ql.decode_rows(1), BN=c.bn, BK=c.bk,
-            DOTS=c.dots, BLOCK_COLS=ql.block_columns(ql._NVFP4_ID, 1, c.bk), num_warps=c.warps,
-            num_stages=c.stages)
+            DOTS=c.dots, num_warps=c.warps, num_stages=c.stages)
     return call
 
 

@@ -106,7 +106,8 @@ def test_the_gemm_operand_is_each_row_scaled_by_code_position() -> None:
     xo, inv = quant_linear.gemm_operand(x)
     assert xo.shape == (5, 256) and xo.dtype == torch.float16 and inv.shape == (5,)
     m = 1.0 / inv.double()
-    assert torch.equal(torch.log2(m), torch.log2(m).round())  # powers of two
+    # powers of two (exactly: CUDA's float64 log2 of 2^126 is not an integer)
+    assert torch.equal(torch.frexp(m).mantissa, torch.full_like(m, 0.5))
     expected = (x.double() * m[:, None]).to(torch.float16)
     expected = expected.view(5, 2, 16, 8).transpose(2, 3).reshape(5, 256)
     assert torch.equal(xo, expected)
@@ -451,26 +452,6 @@ def test_the_operand_group_sums_are_exact() -> None:
     values = op.xo.double().permute(1, 2, 0).reshape(3, k)  # xo[j, m, w] is input 8w + j
     exact = values.reshape(3, k // group, group).sum(-1).float().t()
     assert torch.equal(op.xsum, exact)
-
-
-def test_one_row_nvfp4_operand_takes_the_block_layout() -> None:
-    """One row's operand in nvfp4's groups (`quant_decode.BLOCK_COLUMNS`): 8 rows, row r the
-    row's operand values of the 16-input scale blocks b with b % 8 == r, zeros elsewhere; two
-    rows keep the plain layout, and a GEMV of either is the reference."""
-    k = 768
-    w = packed("nvfp4", 64, k)
-    group = quant_linear.operand_group(w)
-    x = rand(2, k, dtype=HALF) * 4
-    plain = quant_linear.activation_operands(x, group, False)
-    block = quant_linear.activation_operands(x[:1], group, False)
-    assert plain.xo.shape == (8, 2, k // 8) and block.xo.shape == (8, 8, k // 8)
-    rows = (torch.arange(k // 8, device=x.device) // 2) % 8  # word w's block, mod 8
-    expect = torch.zeros_like(block.xo)
-    expect.scatter_(1, rows.expand(8, 1, -1), plain.xo[:, :1])
-    assert torch.equal(block.xo, expect) and torch.equal(block.inv, plain.inv[:, :1])
-    assert quant_linear.block_columns(0, 1, group) and not quant_linear.block_columns(0, 2, group)
-    for m in (1, 2):
-        check(linear(x[:m], w), x[:m], w)
 
 
 def test_the_gdn_norm_hands_out_proj_the_operand_of_a_decode_gemv_only() -> None:

@@ -628,7 +628,7 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
         w.aux.stride(0), split_len, SWIGLU=swiglu, HAND_ON=hand_on is not None,
         OUT_GROUP=hand_on.group if hand_on else c.bn, OUT_SUMS=hand_on is not None and hand_on.sums,
         PREFETCH=quant_linear.prefetches(words, k, split_len),
-        **quant_linear.decode_tile_args(_DECODE_LAYOUTS[w.scheme], c, n, k, 1, a.shape[0]),
+        **quant_linear.decode_tile_args(_DECODE_LAYOUTS[w.scheme], c, n, k, 1),
         **options(a.device))
 
 
@@ -1162,7 +1162,7 @@ if triton is not None:
         stride_we, stride_wn, stride_se, stride_sn, stride_ae, split_len, SCHEME: tl.constexpr,
         WPS: tl.constexpr, BM: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
         EVEN_N: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr,
-        BLOCK_COLS: tl.constexpr, SWIGLU: tl.constexpr,
+        SWIGLU: tl.constexpr,
         HAND_ON: tl.constexpr, OUT_GROUP: tl.constexpr, OUT_SUMS: tl.constexpr,
         PREFETCH: tl.constexpr, GDC: tl.constexpr
     ):
@@ -1196,9 +1196,8 @@ if triton is not None:
                               xsum_ptr + x_row, w_ptr + expert * stride_we,
                               s_ptr + expert * stride_se, aux_ptr + expert * stride_ae,
                               rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_wn,
-                              stride_sn, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS,
-                              BLOCK_COLS)
-        res = decode_result(acc, SCHEME, BLOCK_COLS)  # [BM, R]
+                              stride_sn, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS)
+        res = decode_result(acc, SCHEME)  # [BM, R]
         if SCHEME == _NVFP4:  # the expert's per-row global scale (aux)
             res = res * tl.load(aux_ptr + expert * stride_ae + rows, mask=row_ok,
                                 other=0.0)[None, :]

@@ -44,8 +44,6 @@ Byte tricks (PTX `prmt.b32 d, a, b, sel`: output byte i is byte sel[4i+2:4i] of 
 
 from __future__ import annotations
 
-import os
-
 try:
     import triton
     import triton.language as tl
@@ -55,33 +53,12 @@ except ImportError:  # CPU-only install: nothing here is used
 # fp16 operand offsets the kernels undo in their epilogue
 NV_F16_EXP = 14  # nvfp4 fp16 operand = e2m1 * s * 2^-14
 INT_F16_BIAS = 1024.0  # groupwise-int fp16 operand = 1024 + q
-# The operand of one activation row in groups of BLOCK_GROUP inputs (nvfp4's decode K tile)
-# takes the block layout: 8 rows, row r holding the inputs of the scale blocks b with b % 8 == r
-# (16 inputs each) and zeros elsewhere, the B operand of the decode GEMV's block columns
-# (quant_linear.decode_tile's BLOCK_COLS), streamed as an 8-row operand is.
-# NINFER_DECODE_BLOCK_COLUMNS=0: the one row as it is (the A/B of that change on the GPU).
-BLOCK_COLUMNS = os.environ.get("NINFER_DECODE_BLOCK_COLUMNS", "1") != "0"
-BLOCK_GROUP = 256
-BLOCK_ROWS = 8
 
 
-def block_layout(m: int, group: int) -> bool:
-    """Whether the decode operand of m activation rows in groups of `group` inputs takes the
-    block layout (see BLOCK_COLUMNS)."""
-    return BLOCK_COLUMNS and m == 1 and group == BLOCK_GROUP
-
-
-def operand_rows(m: int, group: int) -> int:
-    """The rows of the decode operand's xo [8, rows, K/8] for m activation rows."""
-    return BLOCK_ROWS if block_layout(m, group) else m
-
-
-def _nv_pair_ptx(scaled: bool = True) -> str:
+def _nv_pair_ptx() -> str:
     """PTX: words $8, $9 and their block scale (byte 0 of $10, as a 32-bit register: Triton
     packs two 8-bit operands into one register with two more instructions; $11, the second
-    word's copy of it, is unused) -> $0..$7 = fp16x2 of code j. Not `scaled`: no scale
-    operand, $0..$7 = e2m1 * 2^-14 (the decode GEMV's block columns apply the scale to the
-    dot's result instead)."""
+    word's copy of it, is unused) -> $0..$7 = fp16x2 of code j."""
     def half(gather: str, lo: int) -> list[str]:
         # codes lo, lo+1, lo+2, lo+3 of both words: u holds the high nibbles (odd codes),
         # v the low nibbles (even codes), as fp16 high bytes
@@ -99,14 +76,11 @@ def _nv_pair_ptx(scaled: bool = True) -> str:
             f"prmt.b32 ${lo + 2}, v, 0, 0x3424;",
             f"prmt.b32 ${lo + 3}, u, 0, 0x3424;",
         ]
-    lines = ["{", ".reg .b32 g, t, u, v;"]
-    if scaled:
-        lines += [".reg .b32 s;", ".reg .b16 sl, sh;",
-                  "prmt.b32 s, $10, 0, 0x0000;", "mov.b32 {sl, sh}, s;",
-                  "cvt.rn.f16x2.e4m3x2 s, sl;"]
+    lines = ["{", ".reg .b32 g, t, u, v, s;", ".reg .b16 sl, sh;",
+             "prmt.b32 s, $10, 0, 0x0000;", "mov.b32 {sl, sh}, s;",
+             "cvt.rn.f16x2.e4m3x2 s, sl;"]
     lines += half("0x5140", 0) + half("0x7362", 4)
-    if scaled:
-        lines += [f"mul.rn.f16x2 ${j}, ${j}, s;" for j in range(8)]
+    lines += [f"mul.rn.f16x2 ${j}, ${j}, s;" for j in range(8)]
     return "\n".join([*lines, "}"])
 
 
@@ -126,7 +100,6 @@ def _int_pair_ptx() -> str:
 
 
 NV_PAIR_PTX = _nv_pair_ptx()
-NV_CODES_PTX = _nv_pair_ptx(scaled=False)
 INT_PAIR_PTX = _int_pair_ptx()
 
 
@@ -134,12 +107,8 @@ if triton is not None:
     from ninfer_runtime.ops.activation import silu_mul
     from ninfer_runtime.ops.launch import wait_for_inputs
     _NV_PTX = tl.constexpr(NV_PAIR_PTX)
-    _NV_CODES_PTX = tl.constexpr(NV_CODES_PTX)
     _INT_PTX = tl.constexpr(INT_PAIR_PTX)
     _OUTS = tl.constexpr("=r,=r,=r,=r,=r,=r,=r,=r")
-    _BLOCK_COLUMNS = tl.constexpr(BLOCK_COLUMNS)
-    _BLOCK_GROUP = tl.constexpr(BLOCK_GROUP)
-    _BLOCK_ROWS = tl.constexpr(BLOCK_ROWS)
 
     @triton.jit
     def _f16_bits(bits):
@@ -168,17 +137,6 @@ if triton is not None:
         c = words.to(tl.int32, bitcast=True)
         return (_nv_code(c, 0) * s, _nv_code(c, 1) * s, _nv_code(c, 2) * s, _nv_code(c, 3) * s,
                 _nv_code(c, 4) * s, _nv_code(c, 5) * s, _nv_code(c, 6) * s, _nv_code(c, 7) * s)
-
-    @triton.jit
-    def nv_codes(words, ASM: tl.constexpr):
-        """Eight fp16 [BN, BKW] tensors: code j of every uint32 word, = e2m1 * 2^-14 exactly
-        (`nv_operands` without the block scale)."""
-        if ASM:
-            return tl.inline_asm_elementwise(_NV_CODES_PTX, _OUTS + ",r,r", [words],
-                                             dtype=(tl.float16,) * 8, is_pure=True, pack=2)
-        c = words.to(tl.int32, bitcast=True)
-        return (_nv_code(c, 0), _nv_code(c, 1), _nv_code(c, 2), _nv_code(c, 3),
-                _nv_code(c, 4), _nv_code(c, 5), _nv_code(c, 6), _nv_code(c, 7))
 
     @triton.jit
     def int_operands(words, ASM: tl.constexpr):
@@ -223,16 +181,8 @@ if triton is not None:
             tl.store(xsum_ptr + g_off, tl.sum(fixed, axis=2).to(tl.float32) * (1.0 / 16777216.0),
                      mask=g_ok)
         xo = tl.reshape(xo, (R, C))
-        if _BLOCK_COLUMNS and GROUP == _BLOCK_GROUP and M == 1:  # the block layout
-            b = tl.arange(0, _BLOCK_ROWS)[None, :, None]
-            c = cols[None, None, :]
-            block_dst = ((c % 8) * _BLOCK_ROWS + b) * (K // 8) + c // 8 + 0 * rows[:, None, None]
-            tl.store(xo_ptr + block_dst,
-                     tl.where((c // 16) % _BLOCK_ROWS == b, xo[:, None, :], 0.0),
-                     mask=row_ok[:, None, None] & (c < K))
-        else:
-            dst = ((cols % 8)[None, :] * M + rows[:, None]) * (K // 8) + (cols // 8)[None, :]
-            tl.store(xo_ptr + dst, xo, mask=row_ok[:, None] & (cols < K)[None, :])
+        dst = ((cols % 8)[None, :] * M + rows[:, None]) * (K // 8) + (cols // 8)[None, :]
+        tl.store(xo_ptr + dst, xo, mask=row_ok[:, None] & (cols < K)[None, :])
 
     @triton.jit
     def store_operand_group(x_ptr, rows, row_ok, M, K, tile, tiles, ticket_ptr, xo_ptr, inv_ptr,

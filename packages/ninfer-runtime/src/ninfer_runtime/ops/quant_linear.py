@@ -33,19 +33,14 @@ Kernels:
   code position j, W_j [BN, BK/8] @ xo[j]^T, the weight the MMA's A operand held in
   registers, so that the operand registers pair two adjacent words of one row, which is what
   the PTX decodes; the eight products of a tile run as 1-8 dots (`DecodeConfig.dots`: positions
-  side by side along K). nvfp4 folds its fp8 block scale into the fp16 operand (exact),
-  except for one activation row (a decode step at C = 1, every MoE gate|up pair at C = 1):
-  there the MMA's 8 columns, otherwise padding, each take one 16-input scale block (the
-  operand's block layout, `quant_decode.BLOCK_COLUMNS`), and the scales multiply the [BN, 8]
-  dot result once per 128 inputs instead of every weight pair (`decode_tile`'s BLOCK_COLS;
-  sm_90 SASS of the 27B configs: 3.03-3.11 -> 2.61-2.71 instructions a weight, 153-168 -> 96-102
-  registers); groupwise-int iterates one 128-code group at a time and applies scale and zero
-  point to the group's dot result: s * (sum((1024 + q) x) - (1024 + z) * sum(x)). K is split
-  over a second grid axis when row tiles alone would leave SMs idle (stream-K grids, timed on
-  the H200, lost to K splits on every 27B shape by 25-100%, docs/perf.md): each part goes to
-  a fp32 buffer, and the last part of a row tile to arrive (an atomic counter per tile) adds
-  them all in a fixed order and writes the output: deterministic, no second kernel, counters
-  left at zero for graph replays. With NINFER_L2_PREFETCH=1, before it waits for its inputs (PDL), a
+  side by side along K). nvfp4 folds its fp8 block scale into the fp16 operand (exact);
+  groupwise-int iterates one 128-code group at a time and applies scale and zero point to the
+  group's dot result: s * (sum((1024 + q) x) - (1024 + z) * sum(x)). K is split over a second
+  grid axis when row tiles alone would leave SMs idle (stream-K grids, timed on the H200, lost
+  to K splits on every 27B shape by 25-100%, docs/perf.md): each part goes to a fp32 buffer,
+  and the last part of a row tile to arrive (an atomic counter per tile) adds them all in a
+  fixed order and writes the output: deterministic, no second kernel, counters left at zero
+  for graph replays. With NINFER_L2_PREFETCH=1, before it waits for its inputs (PDL), a
   program asks L2 for up to 48 KB of its codes at once (`launch.prefetch_to_l2`, Hopper):
   Nsight Compute found the kernel latency-bound, but on the H200 the prefetch lost (9%).
 - `_gemm_kernel`, prefill (M > SKINNY_MAX_M; fp32 activations at every M): tiled tensor-core
@@ -88,13 +83,7 @@ from ninfer_runtime.ops import tuning_cache
 from ninfer_runtime.ops.compile_ahead import compile_candidates, launch
 from ninfer_runtime.ops.dispatch import INTERPRET
 from ninfer_runtime.ops.launch import dot_precision, l2_prefetch, options
-from ninfer_runtime.ops.quant_decode import (
-    BLOCK_ROWS,
-    INT_F16_BIAS,
-    NV_F16_EXP,
-    block_layout,
-    operand_rows,
-)
+from ninfer_runtime.ops.quant_decode import INT_F16_BIAS, NV_F16_EXP
 from ninfer_runtime.quant import PackedWeight
 
 try:
@@ -119,7 +108,6 @@ DECODE_ASM = True
 # whole row tiles load without row masks (decode_tile's EVEN_N); NINFER_DECODE_EVEN_N=0 keeps
 # the masks, the A/B of that change on the GPU
 DECODE_EVEN_N = os.environ.get("NINFER_DECODE_EVEN_N", "1") != "0"
-_BLOCK_COLS_K = 128  # inputs a block-column dot covers: 8 scale blocks, one per MMA column
 _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 # programs per SM the K split may aim at (counted with BN = 64); the decode tuner times each
 # with each config, the first being the default (the H200 sweep, scripts/split_sweep.py,
@@ -223,12 +211,10 @@ class DecodeOperand:
     @classmethod
     def empty(cls, m: int, k: int, group: int, sums: bool, device: torch.device
               ) -> DecodeOperand:
-        """Unwritten buffers for the operand of an [m, k] activation: xo [8, rows, k/8] fp16
-        (`operand_rows`: m, or the block layout's 8), inv and (with `sums`; else inv again)
-        xsum [groups, m] fp32."""
+        """Unwritten buffers for the operand of an [m, k] activation: xo [8, m, k/8] fp16,
+        inv and (with `sums`; else inv again) xsum [groups, m] fp32."""
         inv = torch.empty((-(-k // group), m), dtype=torch.float32, device=device)
-        xo = torch.empty((8, operand_rows(m, group), k // 8), dtype=torch.float16,
-                         device=device)
+        xo = torch.empty((8, m, k // 8), dtype=torch.float16, device=device)
         return cls(xo, inv, torch.empty_like(inv) if sums else inv, group)
 
     @property
@@ -406,7 +392,10 @@ class DecodePlan:
 # faster, without its decode it streams at 85% of bandwidth; BN 128 with 8 dots at 2-3
 # stages was the fastest on every 27B shape, 4 stages 1.5-3 us slower a call, BK 128 twice
 # as slow. BK is a multiple of 128 (one groupwise-int group) and >= 128 (tl.dot needs
-# BK/8 >= 16). The tuner times them all on the GPU; the interpreter runs one.
+# BK/8 >= 16). The tuner times them all on the GPU; the interpreter runs one. Tried and not
+# kept (twenty-third run, H100): a one-row GEMV applying the fp8 block scales per MMA column
+# (the operand in 8 rows, one per scale block, zeros elsewhere), 2.61-2.71 instructions a
+# weight and 96-102 registers, ran the 27B step 23% slower: its B operand is 8x the bytes.
 DECODE_CONFIGS = {
     _NVFP4_ID: [DecodeConfig(bn, bk, w, s, d) for bn, bk, w, s, d in (
         (128, 256, 4, 3, 8), (128, 256, 4, 2, 8), (128, 256, 4, 3, 2), (64, 256, 4, 4, 4),
@@ -476,7 +465,7 @@ def _decode_key(n: int, k: int, layout: _Layout, x: torch.Tensor) -> tuple:
     """The decode tuner's key: the weight's shape and scheme, the row tile of x's rows, x's
     dtype and device, and whether the kernel prefetches (plans are timed with it)."""
     return (n, k, decode_rows(x.shape[0]), layout.scheme, x.dtype, l2_prefetch(x.device),
-            x.device, block_columns(layout.scheme, x.shape[0], _OPERAND_GROUPS[layout.scheme]))
+            x.device)
 
 
 def chosen_decode_plan(w: PackedWeight, x: torch.Tensor) -> DecodePlan | None:
@@ -591,26 +580,16 @@ def prefetches(words: torch.Tensor, k: int, split_len: int) -> bool:
             and split_len // 2 % 16 == 0 and k // 2 % 16 == 0)
 
 
-def decode_tile_args(layout: _Layout, config: DecodeConfig, n: int, k: int, m: int,
-                     operand_m: int | None = None) -> dict:
+def decode_tile_args(layout: _Layout, config: DecodeConfig, n: int, k: int, m: int) -> dict:
     """The compile-time arguments and launch options of `decode_tile` for a weight of
-    `layout` with k inputs and m activation rows a program (of operand_m, default m, in the
-    activation operand), as the dense decode kernel and ops.moe's expert decode pass them; n
-    is the N their row tiles split BN at a time (EVEN_N: whole tiles), the kernel's own N
-    argument."""
+    `layout` with k inputs and m activation rows, as the dense decode kernel and ops.moe's
+    expert decode pass them; n is the N their row tiles split BN at a time (EVEN_N: whole
+    tiles), the kernel's own N argument."""
     return dict(SCHEME=layout.scheme, WPS=layout.words_per_scale, BM=decode_rows(m),
                 ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % config.bk == 0,
                 EVEN_N=DECODE_EVEN_N and n % config.bn == 0, BN=config.bn,
-                BK=config.bk, DOTS=config.dots,
-                BLOCK_COLS=block_columns(layout.scheme, operand_m or m, config.bk),
-                num_warps=config.warps, num_stages=config.stages)
-
-
-def block_columns(scheme: int, m: int, bk: int) -> bool:
-    """Whether the decode kernels apply nvfp4 block scales per MMA column (`decode_tile`'s
-    BLOCK_COLS): one activation row, whose operand then has the block layout
-    (`quant_decode.BLOCK_COLUMNS`)."""
-    return scheme == _NVFP4_ID and block_layout(m, bk)
+                BK=config.bk, DOTS=config.dots, num_warps=config.warps,
+                num_stages=config.stages)
 
 
 _MAX_TILES = 1 << 16  # row tiles a decode call may have (N <= 4M at BN = 64)
@@ -689,7 +668,6 @@ if triton is not None:
     from ninfer_runtime.ops.quant_decode import (
         activation_kernel,
         int_operands,
-        nv_codes,
         nv_operands,
         operand_scale,
         store_operand_group,
@@ -708,8 +686,6 @@ if triton is not None:
     _NV_F16_OUT = tl.constexpr(2.0**NV_F16_EXP)
     _INT_F16_BIAS = tl.constexpr(INT_F16_BIAS)
     _GROUP_BK_C = tl.constexpr(GROUP_BK)
-    _BLOCK_COLS_K_C = tl.constexpr(_BLOCK_COLS_K)
-    _BLOCK_ROWS_C = tl.constexpr(BLOCK_ROWS)
     # K parts the last program of a row tile loads at once: each round is an L2 round trip at
     # the end of the kernel, where nothing hides it (a 14-way split took 4 rounds at 4)
     _PARTS_IN_FLIGHT = tl.constexpr(8)
@@ -847,63 +823,18 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _block_columns_tile(acc, xo_ptr, inv_ptr, w_ptr, s_ptr, row_off, row_ok, M, K, k0,
-                            k_hi, stride_w, stride_s, ASM: tl.constexpr, EVEN_K: tl.constexpr,
-                            BK: tl.constexpr, DOTS: tl.constexpr):
-        """`decode_tile` of nvfp4 codes for one activation row, the block scales applied per
-        MMA column instead of per weight: each 128 inputs of the tile make one [BN, 8] dot
-        of the unscaled codes with the operand's block layout (`quant_decode.BLOCK_COLUMNS`:
-        row b holds the inputs of block b, zeros elsewhere), so column b is block b's dot;
-        times the [BN, 8] scales of those blocks, into acc [BN, 8] (`decode_result` sums
-        the columns). The fp16 multiply per weight pair and the scale bytes' conversion and
-        spread per word leave the K loop; the MMA's columns, padding for a one-row product,
-        carry the blocks instead."""
-        BLOCK_DOTS: tl.constexpr = 4 if DOTS > 4 else DOTS
-        inv = tl.load(inv_ptr + (k0 // BK) * M)
-        tile = tl.zeros(acc.shape, tl.float32)
-        for h in tl.static_range(BK // _BLOCK_COLS_K_C):
-            kh = k0 + h * _BLOCK_COLS_K_C
-            kw = tl.max_contiguous(tl.multiple_of(kh // 8 + tl.arange(0, 16), 16), 16)
-            ks = tl.max_contiguous(tl.multiple_of(kh // 16 + tl.arange(0, 8), 8), 8)
-            if EVEN_K:
-                w_mask = row_ok[:, None]
-                s_mask = row_ok[:, None]
-            else:
-                w_mask = row_ok[:, None] & (kw < k_hi // 8)[None, :]
-                s_mask = row_ok[:, None] & (ks < k_hi // 16)[None, :]
-            words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :], mask=w_mask,
-                            other=0).to(tl.uint32, bitcast=True)
-            # e4m3 bytes (ops.moe's experts keep them as uint8)
-            scale = tl.load(s_ptr + row_off[:, None] * stride_s + ks[None, :], mask=s_mask,
-                            other=0.0).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            rows8 = tl.arange(0, _BLOCK_ROWS_C)
-            # at most 4 dots: an activation tile of 16 inputs (8 dots) is 2 bytes a thread,
-            # too little to be copied into shared memory ahead (sm_90 SASS: loads, stores and
-            # a barrier per dot in the loop)
-            d = _dots(nv_codes(words, ASM), tl.zeros(acc.shape, tl.float32), xo_ptr, rows8,
-                      rows8 < _BLOCK_ROWS_C, _BLOCK_ROWS_C, K, kh, k_hi, EVEN_K, 16, BLOCK_DOTS)
-            tile += d * scale
-        return acc + tile * inv
-
-    @triton.jit
     def decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms,
                     m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
                     WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
-                    EVEN_N: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr,
-                    BLOCK_COLS: tl.constexpr):
+                    EVEN_N: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr):
         """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ xo^T with the tile's
         activation scale undone (the weights' operand offset is undone by
         `decode_result`). EVEN_N: every row of the tile exists (N a multiple of the tile),
         so its loads take no row mask, which the compiler would otherwise keep live across
         the K loop (sm_90, the 27B's nvfp4 config: 186 registers a thread, two programs an
-        SM, against 168 and three; 2% fewer instructions a weight). BLOCK_COLS (nvfp4, one
-        activation row, BM 8): acc's columns are scale blocks (`_block_columns_tile`)."""
+        SM, against 168 and three; 2% fewer instructions a weight)."""
         if EVEN_N:
             row_ok = tl.full(row_ok.shape, 1, tl.int1)
-        if BLOCK_COLS:
-            tl.static_assert(SCHEME == _NVFP4 and WPS == 2 and acc.shape[1] == 8)
-            return _block_columns_tile(acc, xo_ptr, inv_ptr, w_ptr, s_ptr, row_off, row_ok, M,
-                                       K, k0, k_hi, stride_w, stride_s, ASM, EVEN_K, BK, DOTS)
         BKW: tl.constexpr = BK // 8
         BKS: tl.constexpr = BKW // WPS
         # k0 is a multiple of BK: tell the compiler, so that the loads are 16-byte wide
@@ -935,12 +866,9 @@ if triton is not None:
         return acc + d * inv
 
     @triton.jit
-    def decode_result(acc, SCHEME: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    def decode_result(acc, SCHEME: tl.constexpr):
         """acc [BN, BM] -> [BM, BN] with the nvfp4 operand offset (e2m1 * s * 2^-14)
-        undone; BLOCK_COLS: acc's columns (scale blocks) summed into row 0."""
-        if BLOCK_COLS:
-            total = tl.sum(acc, axis=1)
-            acc = tl.where(tl.arange(0, acc.shape[1])[None, :] == 0, total[:, None], 0.0)
+        undone."""
         if SCHEME == _NVFP4:
             acc = acc * _NV_F16_OUT
         return tl.trans(acc)
@@ -1035,7 +963,7 @@ if triton is not None:
                        SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
                        ASM: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
                        BN: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr,
-                       BLOCK_COLS: tl.constexpr, HAND_ON: tl.constexpr,
+                       HAND_ON: tl.constexpr,
                        OUT_GROUP: tl.constexpr, OUT_SUMS: tl.constexpr,
                        PREFETCH: tl.constexpr, GDC: tl.constexpr):
         """out[:, rows of tile pid 0] from the activation operands of `activation_kernel`,
@@ -1062,11 +990,10 @@ if triton is not None:
         for k0 in range(k_lo, k_hi, BK):
             acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr,
                               rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_w,
-                              stride_s, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS,
-                              BLOCK_COLS)
-        last = _finish_tile(decode_result(acc, SCHEME, BLOCK_COLS), pid_k, tl.num_programs(1),
-                            part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows, row_ok, ms, m_ok,
-                            M, N, SCHEME)
+                              stride_s, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS)
+        last = _finish_tile(decode_result(acc, SCHEME), pid_k, tl.num_programs(1), part_ptr,
+                            counter_ptr + tile, g_ptr, out_ptr, rows, row_ok, ms, m_ok, M, N,
+                            SCHEME)
         if HAND_ON:  # noqa: SIM102 (a constexpr: no code for it when off)
             if last:
                 _hand_on_swiglu(out_ptr, hidden_ptr, hxo_ptr, hinv_ptr, hxsum_ptr, ticket_ptr,

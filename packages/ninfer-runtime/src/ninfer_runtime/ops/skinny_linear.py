@@ -29,7 +29,6 @@ import torch
 from ninfer_runtime.ops import quant_linear
 from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.ops.launch import options
-from ninfer_runtime.ops.quant_decode import operand_rows
 
 try:
     import triton
@@ -99,7 +98,7 @@ def operand_args(x: torch.Tensor, operand: quant_linear.DecodeOperand | None
         return quant_linear.operand_buffers(None, x), {"OPERAND": False, "GROUP": _BK,
                                                        "HAS_SUM": False}
     m, k = x.shape
-    assert operand.xo.shape == (8, operand_rows(m, operand.group), k // 8) and k % 8 == 0, \
+    assert operand.xo.shape == (8, m, k // 8) and k % 8 == 0, \
         f"skinny_linear: an operand of {tuple(operand.xo.shape)} for x {tuple(x.shape)}"
     return (quant_linear.operand_buffers(operand, x),
             {"OPERAND": True, "GROUP": operand.group, "HAS_SUM": operand.sums})
