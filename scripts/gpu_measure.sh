@@ -6,6 +6,9 @@
 # every stage with its exit status and seconds, so a cut-off run still returns what finished.
 # Random-init artifacts of the real profiles are built on the machine (into $ART), never carried.
 # The device returns only a few files per call, so everything is also packed into $OUT/results.tgz.
+# Before a call, compile a changed kernel's specializations for sm_90 on the CPU
+# (scripts/hopper_compile.py over its tests, e.g. tests/kernels/test_linear.py -k every_m):
+# the interpreter accepts code Triton's compiler refuses (a call was lost to one, run 23).
 set -uo pipefail
 source scripts/device_env.sh
 returned=$out
