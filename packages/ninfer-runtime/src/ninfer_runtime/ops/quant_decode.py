@@ -146,25 +146,26 @@ if triton is not None:
                 _nv_code(c, 4) * s, _nv_code(c, 5) * s, _nv_code(c, 6) * s, _nv_code(c, 7) * s)
 
     @triton.jit
+    def _codes(words, PTX: tl.constexpr, code, ASM: tl.constexpr):
+        """Eight fp16 [BN, BKW] tensors, code j of every uint32 word: by the inline PTX (a
+        word pair in, eight fp16x2 out) or by its pure-Triton twin `code(c, j)`."""
+        if ASM:
+            return tl.inline_asm_elementwise(PTX, _OUTS + ",r,r", [words],
+                                             dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+        c = words.to(tl.int32, bitcast=True)
+        return (code(c, 0), code(c, 1), code(c, 2), code(c, 3),
+                code(c, 4), code(c, 5), code(c, 6), code(c, 7))
+
+    @triton.jit
     def nv_codes(words, ASM: tl.constexpr):
         """Eight fp16 [BN, BKW] tensors: code j of every uint32 word, = e2m1 * 2^-14 exactly
         (`nv_operands` without the block scale)."""
-        if ASM:
-            return tl.inline_asm_elementwise(_NV_CODES_PTX, _OUTS + ",r,r", [words],
-                                             dtype=(tl.float16,) * 8, is_pure=True, pack=2)
-        c = words.to(tl.int32, bitcast=True)
-        return (_nv_code(c, 0), _nv_code(c, 1), _nv_code(c, 2), _nv_code(c, 3),
-                _nv_code(c, 4), _nv_code(c, 5), _nv_code(c, 6), _nv_code(c, 7))
+        return _codes(words, _NV_CODES_PTX, _nv_code, ASM)
 
     @triton.jit
     def int_operands(words, ASM: tl.constexpr):
         """Eight fp16 [BN, BKW] tensors: 1024 + code j of every uint32 word."""
-        if ASM:
-            return tl.inline_asm_elementwise(_INT_PTX, _OUTS + ",r,r", [words],
-                                             dtype=(tl.float16,) * 8, is_pure=True, pack=2)
-        c = words.to(tl.int32, bitcast=True)
-        return (_int_code(c, 0), _int_code(c, 1), _int_code(c, 2), _int_code(c, 3),
-                _int_code(c, 4), _int_code(c, 5), _int_code(c, 6), _int_code(c, 7))
+        return _codes(words, _INT_PTX, _int_code, ASM)
 
     @triton.jit
     def operand_scale(big):
