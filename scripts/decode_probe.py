@@ -2,10 +2,10 @@
 
 `scripts/stream_probe.py` found that the decode kernel's access pattern alone streams 27B
 weights at 75-91% of bandwidth where the kernel reaches 30-51%: the loss is in the K loop's
-work. This times the decode kernel's K loop (`quant_linear.decode_tiles`: tile loads,
+work. This times the decode kernel's K loop (`quant_linear.decode_tile`'s parts: tile loads,
 the PTX decode, the tensor-core dots) on every 27B decode shape, M = 1, in four modes:
 
-- `full`: `quant_linear.decode_tiles` (what `_decode_kernel` does, less its split reduction;
+- `full`: `quant_linear.decode_tile` (what `_decode_kernel` does, less its split reduction;
   parts stored unreduced, the activation pass run once outside the timing);
 - `no-dot`: loads and decode; the operands are added up instead of dotted;
 - `no-decode`: loads and dots; the raw words are the fp16 operands (no PTX, no scale);
@@ -63,19 +63,19 @@ _RAW_PTX = tl.constexpr("\n".join(f"mov.b32 ${j}, ${8 + j % 2};" for j in range(
 @triton.jit
 def _probe_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, stride_s,
                   split_len, MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                  BK: tl.constexpr, DOTS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+                  BK: tl.constexpr, DOTS: tl.constexpr):
     tile, split, rows, row_ok, ms, m_ok, k_lo, k_hi = ql.split_program(M, N, K, split_len,
                                                                        BM, BN)
     BKW: tl.constexpr = BK // 8
     row_off = rows.to(tl.int64)
     acc = tl.zeros((BN, BM), tl.float32)
     fold = tl.zeros((BN, BKW), tl.float16)
-    if MODE == 0:
-        acc = ql.decode_tiles(xo_ptr, inv_ptr, inv_ptr, w_ptr, s_ptr, s_ptr, row_off, row_ok, ms,
-                              m_ok, M, K, k_lo, k_hi, stride_w, stride_s, 0, 2, True, True, True,
-                              BK, DOTS, BLOCK_COLS)
     for k0 in range(k_lo, k_hi, BK):
-        if MODE != 0:
+        if MODE == 0:
+            acc = ql.decode_tile(acc, xo_ptr, inv_ptr, inv_ptr, w_ptr, s_ptr, s_ptr, row_off,
+                                 row_ok, ms, m_ok, M, K, k0, k_hi, stride_w, stride_s, 0, 2,
+                                 True, True, True, BK, DOTS)
+        else:
             kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
             ks = tl.max_contiguous(tl.multiple_of(k0 // 16 + tl.arange(0, BKW // 2), BKW // 2),
                                    BKW // 2)
@@ -133,8 +133,7 @@ def _probe_call(ws: list, x: torch.Tensor, xo: torch.Tensor, inv: torch.Tensor,
         _probe_kernel[(n // c.bn, splits)](
             xo, inv, w.parts["weight"].view(torch.int32), w.parts["weight_scale"], parts, 1, n,
             k, k // 8, k // 16, split_len, MODE=mode, BM=ql.decode_rows(1), BN=c.bn, BK=c.bk,
-            DOTS=c.dots, BLOCK_COLS=ql.block_columns(ql._NVFP4_ID, 1), num_warps=c.warps,
-            num_stages=c.stages)
+            DOTS=c.dots, num_warps=c.warps, num_stages=c.stages)
     return call
 
 

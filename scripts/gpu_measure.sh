@@ -112,12 +112,6 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
                    --no-breakdown --output "$out/masked" ;;
     eng35masked) NINFER_DECODE_EVEN_N=0 engine 240 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \
                    --no-breakdown --output "$out/masked" ;;
-    # one-row decode GEMVs with the nvfp4 block scales per weight pair, not per MMA column
-    # (NINFER_DECODE_BLOCK_COLUMNS=0), the A/B of the block columns
-    eng27perweight) NINFER_DECODE_BLOCK_COLUMNS=0 engine 300 qwen3_6_27b_nvfp4 --concurrency 1 \
-                      --no-breakdown --output "$out/per-weight" ;;
-    eng35perweight) NINFER_DECODE_BLOCK_COLUMNS=0 engine 300 qwen3_6_35b_a3b_nvfp4 \
-                      --concurrency 1 --no-breakdown --output "$out/per-weight" ;;
     # the cost of compiling, with the tuners' candidates compiled side by side and one at a time
     cold27) cold "$out/cold" ;;
     cold27serial) NINFER_COMPILE_WORKERS=1 cold "$out/cold-serial" ;;

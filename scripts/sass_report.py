@@ -156,8 +156,8 @@ def decode_variants(asm: bool, tmp: Path) -> None:
                                          "*fp32", "*i32", *["i32"] * 6), strict=True))
             cst = {"SCHEME": sid, "WPS": wps, "BM": ql.decode_rows(ROWS), "ASM": asm,
                    "EVEN_K": True, "EVEN_N": EVEN_N, "BN": bn, "BK": bk, "DOTS": cfg.dots,
-                   "BLOCK_COLS": ql.block_columns(sid, ROWS), "HAND_ON": False,
-                   "OUT_GROUP": bn, "OUT_SUMS": False, "PREFETCH": PREFETCH, "GDC": True}
+                   "HAND_ON": False, "OUT_GROUP": bn, "OUT_SUMS": False, "PREFETCH": PREFETCH,
+                   "GDC": True}
             k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages)
             label = f"decode {scheme} BN={bn} BK={bk} w={cfg.warps} s={cfg.stages} d={cfg.dots}"
             report(label, k, bn * bk // (32 * cfg.warps), tmp)

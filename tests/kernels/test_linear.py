@@ -187,22 +187,6 @@ def test_decode_every_m(scheme: str, m: int, dtype: torch.dtype, asm: bool,
     check(linear(x, w), x, w)
 
 
-@pytest.mark.parametrize("block_columns", [True, False])
-@pytest.mark.parametrize(("n", "k"), [(80, 384), (48, 1024), (128, 512)])
-def test_one_row_nvfp4_decode_by_block_column_and_by_weight(
-        n: int, k: int, block_columns: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A one-row nvfp4 GEMV applies its block scales per MMA column (`block_columns`) or per
-    weight pair (NINFER_DECODE_BLOCK_COLUMNS=0): both give the reference, with row tiles
-    partly filled, a K tile cut short, a K split and whole tiles; two rows never take the
-    block columns."""
-    monkeypatch.setattr(quant_linear, "DECODE_BLOCK_COLUMNS", block_columns)
-    assert quant_linear.block_columns(0, 1) == block_columns
-    assert not quant_linear.block_columns(0, 2) and not quant_linear.block_columns(1, 1)
-    w = packed("nvfp4", n, k, seed=11)
-    x = rand(1, k, dtype=HALF) * 4
-    check(linear(x, w), x, w)
-
-
 def test_bf16_activations_keep_their_range(monkeypatch: pytest.MonkeyPatch) -> None:
     """bf16 activations far beyond fp16's range and tiny ones (each row of the decode's fp16
     operand is scaled by its own power of two) stay finite and accurate."""

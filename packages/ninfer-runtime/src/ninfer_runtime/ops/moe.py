@@ -588,8 +588,7 @@ def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: tor
     n = rows // 2 if swiglu else rows
     # tuned per power of two of the token count (the warm-up meets each, engine.warmup)
     key = (triton.next_power_of_2(ids.shape[0]), ids.shape[1], n, k, w.scheme, swiglu, a.dtype,
-           l2_prefetch(a.device), a.device,
-           quant_linear.block_columns(_DECODE_LAYOUTS[w.scheme].scheme, 1))
+           l2_prefetch(a.device), a.device)
     plan = quant_linear.tuned_plan(
         _stage_plans, key, lambda: _stage_candidates(n, k, w.scheme, swiglu),
         lambda c: _run_stage(a, w, out, ids, weights, swiglu, c), a.device)
@@ -663,7 +662,7 @@ if triton is not None:
         _uint4,
         _weight_tile,
         decode_result,
-        decode_tiles,
+        decode_tile,
         sum_parts,
     )
     from ninfer_runtime.ops.skinny_linear import skinny_part, write_operand
@@ -1163,7 +1162,7 @@ if triton is not None:
         stride_we, stride_wn, stride_se, stride_sn, stride_ae, split_len, SCHEME: tl.constexpr,
         WPS: tl.constexpr, BM: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
         EVEN_N: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr,
-        BLOCK_COLS: tl.constexpr, SWIGLU: tl.constexpr,
+        SWIGLU: tl.constexpr,
         HAND_ON: tl.constexpr, OUT_GROUP: tl.constexpr, OUT_SUMS: tl.constexpr,
         PREFETCH: tl.constexpr, GDC: tl.constexpr
     ):
@@ -1191,12 +1190,14 @@ if triton is not None:
             row = tl.where(row_ok, rows, 0).to(tl.int64)
             prefetch_to_l2(w_ptr + expert * stride_we + row * stride_wn + k_lo // 8,
                            (k_hi - k_lo) // 2)
-        acc = decode_tiles(xo_ptr + x_row * (K // 8), inv_ptr + x_row, xsum_ptr + x_row,
-                           w_ptr + expert * stride_we, s_ptr + expert * stride_se,
-                           aux_ptr + expert * stride_ae, rows.to(tl.int64), row_ok, ms, m_ok, M,
-                           K, k_lo, k_hi, stride_wn, stride_sn, SCHEME, WPS, ASM, EVEN_K, EVEN_N,
-                           BK, DOTS, BLOCK_COLS)
-        res = decode_result(acc, SCHEME, BLOCK_COLS)  # [BM, R]
+        acc = tl.zeros((R, BM), tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            acc = decode_tile(acc, xo_ptr + x_row * (K // 8), inv_ptr + x_row,
+                              xsum_ptr + x_row, w_ptr + expert * stride_we,
+                              s_ptr + expert * stride_se, aux_ptr + expert * stride_ae,
+                              rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_wn,
+                              stride_sn, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS)
+        res = decode_result(acc, SCHEME)  # [BM, R]
         if SCHEME == _NVFP4:  # the expert's per-row global scale (aux)
             res = res * tl.load(aux_ptr + expert * stride_ae + rows, mask=row_ok,
                                 other=0.0)[None, :]

@@ -55,12 +55,10 @@ NV_F16_EXP = 14  # nvfp4 fp16 operand = e2m1 * s * 2^-14
 INT_F16_BIAS = 1024.0  # groupwise-int fp16 operand = 1024 + q
 
 
-def _nv_pair_ptx(scaled: bool = True) -> str:
+def _nv_pair_ptx() -> str:
     """PTX: words $8, $9 and their block scale (byte 0 of $10, as a 32-bit register: Triton
     packs two 8-bit operands into one register with two more instructions; $11, the second
-    word's copy of it, is unused) -> $0..$7 = fp16x2 of code j. Not `scaled`: no scale
-    operand, $0..$7 = e2m1 * 2^-14 (the decode GEMV's block columns apply the scales to the
-    dot's result instead)."""
+    word's copy of it, is unused) -> $0..$7 = fp16x2 of code j."""
     def half(gather: str, lo: int) -> list[str]:
         # codes lo, lo+1, lo+2, lo+3 of both words: u holds the high nibbles (odd codes),
         # v the low nibbles (even codes), as fp16 high bytes
@@ -78,14 +76,11 @@ def _nv_pair_ptx(scaled: bool = True) -> str:
             f"prmt.b32 ${lo + 2}, v, 0, 0x3424;",
             f"prmt.b32 ${lo + 3}, u, 0, 0x3424;",
         ]
-    lines = ["{", ".reg .b32 g, t, u, v;"]
-    if scaled:
-        lines += [".reg .b32 s;", ".reg .b16 sl, sh;",
-                  "prmt.b32 s, $10, 0, 0x0000;", "mov.b32 {sl, sh}, s;",
-                  "cvt.rn.f16x2.e4m3x2 s, sl;"]
+    lines = ["{", ".reg .b32 g, t, u, v, s;", ".reg .b16 sl, sh;",
+             "prmt.b32 s, $10, 0, 0x0000;", "mov.b32 {sl, sh}, s;",
+             "cvt.rn.f16x2.e4m3x2 s, sl;"]
     lines += half("0x5140", 0) + half("0x7362", 4)
-    if scaled:
-        lines += [f"mul.rn.f16x2 ${j}, ${j}, s;" for j in range(8)]
+    lines += [f"mul.rn.f16x2 ${j}, ${j}, s;" for j in range(8)]
     return "\n".join([*lines, "}"])
 
 
@@ -105,7 +100,6 @@ def _int_pair_ptx() -> str:
 
 
 NV_PAIR_PTX = _nv_pair_ptx()
-NV_CODES_PTX = _nv_pair_ptx(scaled=False)
 INT_PAIR_PTX = _int_pair_ptx()
 
 
@@ -113,7 +107,6 @@ if triton is not None:
     from ninfer_runtime.ops.activation import silu_mul
     from ninfer_runtime.ops.launch import wait_for_inputs
     _NV_PTX = tl.constexpr(NV_PAIR_PTX)
-    _NV_CODES_PTX = tl.constexpr(NV_CODES_PTX)
     _INT_PTX = tl.constexpr(INT_PAIR_PTX)
     _OUTS = tl.constexpr("=r,=r,=r,=r,=r,=r,=r,=r")
 
@@ -146,26 +139,14 @@ if triton is not None:
                 _nv_code(c, 4) * s, _nv_code(c, 5) * s, _nv_code(c, 6) * s, _nv_code(c, 7) * s)
 
     @triton.jit
-    def _codes(words, PTX: tl.constexpr, code, ASM: tl.constexpr):
-        """Eight fp16 [BN, BKW] tensors, code j of every uint32 word: by the inline PTX (a
-        word pair in, eight fp16x2 out) or by its pure-Triton twin `code(c, j)`."""
-        if ASM:
-            return tl.inline_asm_elementwise(PTX, _OUTS + ",r,r", [words],
-                                             dtype=(tl.float16,) * 8, is_pure=True, pack=2)
-        c = words.to(tl.int32, bitcast=True)
-        return (code(c, 0), code(c, 1), code(c, 2), code(c, 3),
-                code(c, 4), code(c, 5), code(c, 6), code(c, 7))
-
-    @triton.jit
-    def nv_codes(words, ASM: tl.constexpr):
-        """Eight fp16 [BN, BKW] tensors: code j of every uint32 word, = e2m1 * 2^-14 exactly
-        (`nv_operands` without the block scale)."""
-        return _codes(words, _NV_CODES_PTX, _nv_code, ASM)
-
-    @triton.jit
     def int_operands(words, ASM: tl.constexpr):
         """Eight fp16 [BN, BKW] tensors: 1024 + code j of every uint32 word."""
-        return _codes(words, _INT_PTX, _int_code, ASM)
+        if ASM:
+            return tl.inline_asm_elementwise(_INT_PTX, _OUTS + ",r,r", [words],
+                                             dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+        c = words.to(tl.int32, bitcast=True)
+        return (_int_code(c, 0), _int_code(c, 1), _int_code(c, 2), _int_code(c, 3),
+                _int_code(c, 4), _int_code(c, 5), _int_code(c, 6), _int_code(c, 7))
 
     @triton.jit
     def operand_scale(big):

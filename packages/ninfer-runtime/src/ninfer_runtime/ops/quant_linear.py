@@ -33,21 +33,16 @@ Kernels:
   code position j, W_j [BN, BK/8] @ xo[j]^T, the weight the MMA's A operand held in
   registers, so that the operand registers pair two adjacent words of one row, which is what
   the PTX decodes; the eight products of a tile run as 1-8 dots (`DecodeConfig.dots`: positions
-  side by side along K). nvfp4 folds its fp8 block scale into the fp16 operand (exact), except
-  where a program has one activation row (a decode step at C = 1, every MoE expert pair):
-  there the MMA's 8 columns, otherwise padding, each take one 16-input scale block
-  (`block_columns`: column c of the B operand is loaded from the one row where the input's
-  block is c mod 8, zero-filled elsewhere), and the scales multiply the [BN, 8] dot result
-  once per 128 inputs instead of every weight pair; groupwise-int iterates one 128-code group
-  at a time and applies scale and zero point to the group's dot result:
-  s * (sum((1024 + q) x) - (1024 + z) * sum(x)). K is split over a second grid axis when row
-  tiles alone would leave SMs idle (stream-K grids, timed on the H200, lost to K splits on every
-  27B shape by 25-100%, docs/perf.md): each part goes to a fp32 buffer, and the last part of a
-  row tile to arrive (an atomic counter per tile) adds them all in a fixed order and writes the
-  output: deterministic, no second kernel, counters left at zero for graph replays. With
-  NINFER_L2_PREFETCH=1, before it waits for its inputs (PDL), a program asks L2 for up to 48 KB
-  of its codes at once (`launch.prefetch_to_l2`, Hopper): Nsight Compute found the kernel
-  latency-bound, but on the H200 the prefetch lost (9%).
+  side by side along K). nvfp4 folds its fp8 block scale into the fp16 operand (exact);
+  groupwise-int iterates one 128-code group at a time and applies scale and zero point to the
+  group's dot result: s * (sum((1024 + q) x) - (1024 + z) * sum(x)). K is split over a second
+  grid axis when row tiles alone would leave SMs idle (stream-K grids, timed on the H200, lost
+  to K splits on every 27B shape by 25-100%, docs/perf.md): each part goes to a fp32 buffer,
+  and the last part of a row tile to arrive (an atomic counter per tile) adds them all in a
+  fixed order and writes the output: deterministic, no second kernel, counters left at zero
+  for graph replays. With NINFER_L2_PREFETCH=1, before it waits for its inputs (PDL), a
+  program asks L2 for up to 48 KB of its codes at once (`launch.prefetch_to_l2`, Hopper):
+  Nsight Compute found the kernel latency-bound, but on the H200 the prefetch lost (9%).
 - `_gemm_kernel`, prefill (M > SKINNY_MAX_M; fp32 activations at every M): tiled tensor-core
   GEMM; the [BN, BK] weight tile
   is dequantized in registers to x.dtype (exact for nvfp4 in bf16 and fp16), interleaved back
@@ -113,10 +108,6 @@ DECODE_ASM = True
 # whole row tiles load without row masks (decode_tile's EVEN_N); NINFER_DECODE_EVEN_N=0 keeps
 # the masks, the A/B of that change on the GPU
 DECODE_EVEN_N = os.environ.get("NINFER_DECODE_EVEN_N", "1") != "0"
-# a program of one activation row applies the nvfp4 block scales per MMA column
-# (`block_columns`); NINFER_DECODE_BLOCK_COLUMNS=0 per weight pair, the A/B of that change
-DECODE_BLOCK_COLUMNS = os.environ.get("NINFER_DECODE_BLOCK_COLUMNS", "1") != "0"
-_BLOCK_COLS_K = 128  # inputs a block-column dot covers: 8 scale blocks, one per MMA column
 _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 # programs per SM the K split may aim at (counted with BN = 64); the decode tuner times each
 # with each config, the first being the default (the H200 sweep, scripts/split_sweep.py,
@@ -474,7 +465,7 @@ def _decode_key(n: int, k: int, layout: _Layout, x: torch.Tensor) -> tuple:
     """The decode tuner's key: the weight's shape and scheme, the row tile of x's rows, x's
     dtype and device, and whether the kernel prefetches (plans are timed with it)."""
     return (n, k, decode_rows(x.shape[0]), layout.scheme, x.dtype, l2_prefetch(x.device),
-            x.device, block_columns(layout.scheme, x.shape[0]))
+            x.device)
 
 
 def chosen_decode_plan(w: PackedWeight, x: torch.Tensor) -> DecodePlan | None:
@@ -597,15 +588,8 @@ def decode_tile_args(layout: _Layout, config: DecodeConfig, n: int, k: int, m: i
     return dict(SCHEME=layout.scheme, WPS=layout.words_per_scale, BM=decode_rows(m),
                 ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % config.bk == 0,
                 EVEN_N=DECODE_EVEN_N and n % config.bn == 0, BN=config.bn,
-                BK=config.bk, DOTS=config.dots, BLOCK_COLS=block_columns(layout.scheme, m),
-                num_warps=config.warps, num_stages=config.stages)
-
-
-def block_columns(scheme: int, m: int) -> bool:
-    """Whether a decode program of m activation rows applies the nvfp4 block scales per MMA
-    column (`decode_tile`'s BLOCK_COLS): one row, whose B operand then leaves 7 of the
-    MMA's 8 columns free for the scale blocks."""
-    return DECODE_BLOCK_COLUMNS and scheme == _NVFP4_ID and m == 1
+                BK=config.bk, DOTS=config.dots, num_warps=config.warps,
+                num_stages=config.stages)
 
 
 _MAX_TILES = 1 << 16  # row tiles a decode call may have (N <= 4M at BN = 64)
@@ -684,7 +668,6 @@ if triton is not None:
     from ninfer_runtime.ops.quant_decode import (
         activation_kernel,
         int_operands,
-        nv_codes,
         nv_operands,
         operand_scale,
         store_operand_group,
@@ -703,7 +686,6 @@ if triton is not None:
     _NV_F16_OUT = tl.constexpr(2.0**NV_F16_EXP)
     _INT_F16_BIAS = tl.constexpr(INT_F16_BIAS)
     _GROUP_BK_C = tl.constexpr(GROUP_BK)
-    _BLOCK_COLS_K_C = tl.constexpr(_BLOCK_COLS_K)
     # K parts the last program of a row tile loads at once: each round is an L2 round trip at
     # the end of the kernel, where nothing hides it (a 14-way split took 4 rounds at 4)
     _PARTS_IN_FLIGHT = tl.constexpr(8)
@@ -824,27 +806,16 @@ if triton is not None:
 
     @triton.jit
     def _dots(o, acc, xo_ptr, ms, m_ok, M, K, k0, k_hi, EVEN_K: tl.constexpr,
-              BKW: tl.constexpr, DOTS: tl.constexpr, BLOCK_COLS: tl.constexpr = False):
+              BKW: tl.constexpr, DOTS: tl.constexpr):
         """acc + the K tile's product in DOTS tensor-core dots, each over 8 / DOTS code
         positions (K of a dot runs over (code position, word), position-major, for the
         decoded weights and the activation operands alike): fewer dots wait less on the
-        tensor cores, more keep fewer operand registers live. BLOCK_COLS (one activation
-        row, BKW 16): column c of the activation tile is the row's inputs of the tile's
-        scale block c (words 2c, 2c + 1), zeros elsewhere (masked loads: nothing is read
-        for the zeros)."""
+        tensor cores, more keep fewer operand registers live."""
         P: tl.constexpr = 8 // DOTS
         r = tl.arange(0, P * BKW)
         w = k0 // 8 + r % BKW
-        if BLOCK_COLS:
-            # (r // 2) % 8, not (r % BKW) // 2: the compiler sees its pairs constant (each
-            # load 4 bytes, copied into shared memory ahead) only when it divides all of r
-            mask = ((r // 2) % (BKW // 2))[:, None] == ms[None, :]
-            x_cols = ms[None, :] * 0
-        else:
-            mask = m_ok[None, :]
-            x_cols = ms[None, :] * (K // 8)
-        if not EVEN_K:
-            mask = mask & (w < k_hi // 8)[:, None]
+        mask = m_ok[None, :] if EVEN_K else m_ok[None, :] & (w < k_hi // 8)[:, None]
+        x_cols = ms[None, :] * (K // 8)
         for g in tl.static_range(DOTS):
             rows = (g * P + r // BKW) * (M * (K // 8)) + w
             xs = tl.load(xo_ptr + rows[:, None] + x_cols, mask=mask, other=0.0)
@@ -852,97 +823,18 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _block_scales(s_ptr, row_off, row_ok, k0, k_hi, stride_s, EVEN_K: tl.constexpr):
-        """The e4m3 block scales [BN, 8] of inputs [k0, k0 + 128), as stored (zeros past
-        k_hi: the tile after a program's last)."""
-        BKS: tl.constexpr = _BLOCK_COLS_K_C // 16
-        ks = tl.max_contiguous(tl.multiple_of(k0 // 16 + tl.arange(0, BKS), BKS), BKS)
-        live = row_ok & (tl.zeros(row_ok.shape, tl.int32) + k0 < k_hi)  # 8-byte row loads
-        mask = live[:, None] if EVEN_K else live[:, None] & (ks < k_hi // 16)[None, :]
-        return tl.load(s_ptr + row_off[:, None] * stride_s + ks[None, :], mask=mask, other=0.0)
-
-    @triton.jit
-    def _block_columns_tile(acc, scales0, scales1, xo_ptr, inv_ptr, w_ptr, row_off, row_ok, ms,
-                            M, K, k0, k_hi, stride_w, ASM: tl.constexpr, EVEN_K: tl.constexpr,
-                            BK: tl.constexpr, DOTS: tl.constexpr):
-        """`decode_tile` of nvfp4 codes for one activation row, the block scales (`scales0` and
-        `scales1`, `_block_scales` of the tile's halves) applied per MMA column instead of per
-        weight: each 128 inputs of the tile make one [BN, 8] dot of the unscaled codes with the
-        row's inputs spread over the columns by scale block (`_dots`' BLOCK_COLS), so column c
-        is block c's dot; times the [BN, 8] scales of those blocks, into acc [BN, 8]
-        (`decode_result` sums the columns). The fp16 multiply per weight pair and the scale
-        bytes' conversion and spread per word leave the K loop. (Tried on the twenty-third run
-        and reverted: the same with the spread-out row written to memory by the operand's
-        producers, 8x the activation bytes from L2: the 27B step 23% slower.)"""
-        tl.static_assert(BK == 2 * _BLOCK_COLS_K_C)
-        # at most 4 dots: an activation tile of 16 inputs (8 dots) is 2 bytes a thread, too
-        # little to be copied into shared memory ahead (sm_90 SASS: loads, stores and a
-        # barrier per dot in the loop)
-        BLOCK_DOTS: tl.constexpr = 4 if DOTS > 4 else DOTS
-        inv = tl.load(inv_ptr + (k0 // BK) * M)
-        tile = tl.zeros(acc.shape, tl.float32)
-        for h in tl.static_range(BK // _BLOCK_COLS_K_C):
-            kh = k0 + h * _BLOCK_COLS_K_C
-            kw = tl.max_contiguous(tl.multiple_of(kh // 8 + tl.arange(0, 16), 16), 16)
-            w_mask = row_ok[:, None] if EVEN_K else row_ok[:, None] & (kw < k_hi // 8)[None, :]
-            words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :], mask=w_mask,
-                            other=0).to(tl.uint32, bitcast=True)
-            d = _dots(nv_codes(words, ASM), tl.zeros(acc.shape, tl.float32), xo_ptr, ms,
-                      ms < 1, M, K, kh, k_hi, EVEN_K, 16, BLOCK_DOTS, True)
-            scales = scales0 if h == 0 else scales1
-            tile += d * scales.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        return acc + tile * inv
-
-    @triton.jit
-    def decode_tiles(xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms,
-                     m_ok, M, K, k_lo, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
-                     WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
-                     EVEN_N: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr,
-                     BLOCK_COLS: tl.constexpr):
-        """The K loop of a decode program: [BN, BM] = W[rows] @ xo^T over inputs [k_lo,
-        k_hi) (`decode_tile` per K tile; `decode_result` finishes it). EVEN_N: every row of
-        the tile exists (N a multiple of the tile), so its loads take no row mask, which the
-        compiler would otherwise keep live across the K loop (sm_90, the 27B's nvfp4 config:
-        186 registers a thread, two programs an SM, against 168 and three; 2% fewer
-        instructions a weight). BLOCK_COLS (nvfp4, one activation row, BM 8): acc's columns
-        are scale blocks (`_block_columns_tile`), and each tile's scales are loaded one tile
-        ahead: Triton copies ahead only loads that feed a dot, and these feed the dot's
-        result (sm_90 SASS: without this, a DRAM round trip a few instructions into every
-        tile)."""
-        BN: tl.constexpr = row_off.shape[0]
-        BM: tl.constexpr = ms.shape[0]
-        if EVEN_N:
-            row_ok = tl.full(row_ok.shape, 1, tl.int1)
-        acc = tl.zeros((BN, BM), tl.float32)
-        if BLOCK_COLS:
-            tl.static_assert(SCHEME == _NVFP4 and WPS == 2 and BM == 8)
-            HALF: tl.constexpr = _BLOCK_COLS_K_C
-            ahead0 = _block_scales(s_ptr, row_off, row_ok, k_lo, k_hi, stride_s, EVEN_K)
-            ahead1 = _block_scales(s_ptr, row_off, row_ok, k_lo + HALF, k_hi, stride_s, EVEN_K)
-            for k0 in range(k_lo, k_hi, BK):
-                scales0 = ahead0
-                scales1 = ahead1
-                ahead0 = _block_scales(s_ptr, row_off, row_ok, k0 + BK, k_hi, stride_s, EVEN_K)
-                ahead1 = _block_scales(s_ptr, row_off, row_ok, k0 + BK + HALF, k_hi, stride_s,
-                                       EVEN_K)
-                acc = _block_columns_tile(acc, scales0, scales1, xo_ptr, inv_ptr, w_ptr,
-                                          row_off, row_ok, ms, M, K, k0, k_hi, stride_w, ASM,
-                                          EVEN_K, BK, DOTS)
-        else:
-            for k0 in range(k_lo, k_hi, BK):
-                acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off,
-                                  row_ok, ms, m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME,
-                                  WPS, ASM, EVEN_K, BK, DOTS)
-        return acc
-
-    @triton.jit
     def decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms,
                     m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
                     WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
-                    BK: tl.constexpr, DOTS: tl.constexpr):
+                    EVEN_N: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr):
         """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ xo^T with the tile's
         activation scale undone (the weights' operand offset is undone by
-        `decode_result`)."""
+        `decode_result`). EVEN_N: every row of the tile exists (N a multiple of the tile),
+        so its loads take no row mask, which the compiler would otherwise keep live across
+        the K loop (sm_90, the 27B's nvfp4 config: 186 registers a thread, two programs an
+        SM, against 168 and three; 2% fewer instructions a weight)."""
+        if EVEN_N:
+            row_ok = tl.full(row_ok.shape, 1, tl.int1)
         BKW: tl.constexpr = BK // 8
         BKS: tl.constexpr = BKW // WPS
         # k0 is a multiple of BK: tell the compiler, so that the loads are 16-byte wide
@@ -974,12 +866,9 @@ if triton is not None:
         return acc + d * inv
 
     @triton.jit
-    def decode_result(acc, SCHEME: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    def decode_result(acc, SCHEME: tl.constexpr):
         """acc [BN, BM] -> [BM, BN] with the nvfp4 operand offset (e2m1 * s * 2^-14)
-        undone; BLOCK_COLS: acc's columns (scale blocks) summed into row 0."""
-        if BLOCK_COLS:
-            total = tl.sum(acc, axis=1)
-            acc = tl.where(tl.arange(0, acc.shape[1])[None, :] == 0, total[:, None], 0.0)
+        undone."""
         if SCHEME == _NVFP4:
             acc = acc * _NV_F16_OUT
         return tl.trans(acc)
@@ -1074,7 +963,7 @@ if triton is not None:
                        SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
                        ASM: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
                        BN: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr,
-                       BLOCK_COLS: tl.constexpr, HAND_ON: tl.constexpr,
+                       HAND_ON: tl.constexpr,
                        OUT_GROUP: tl.constexpr, OUT_SUMS: tl.constexpr,
                        PREFETCH: tl.constexpr, GDC: tl.constexpr):
         """out[:, rows of tile pid 0] from the activation operands of `activation_kernel`,
@@ -1097,12 +986,14 @@ if triton is not None:
         # it there won 0.7-1.5 us a call alone but cost the 27B step 1.4-1.8 ms in the engine
         # (docs/perf.md, eleventh run)
         wait_for_inputs(GDC)
-        acc = decode_tiles(xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, rows.to(tl.int64),
-                           row_ok, ms, m_ok, M, K, k_lo, k_hi, stride_w, stride_s, SCHEME, WPS,
-                           ASM, EVEN_K, EVEN_N, BK, DOTS, BLOCK_COLS)
-        last = _finish_tile(decode_result(acc, SCHEME, BLOCK_COLS), pid_k, tl.num_programs(1),
-                            part_ptr, counter_ptr + tile, g_ptr, out_ptr, rows, row_ok, ms, m_ok,
-                            M, N, SCHEME)
+        acc = tl.zeros((BN, BM), tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr,
+                              rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_w,
+                              stride_s, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS)
+        last = _finish_tile(decode_result(acc, SCHEME), pid_k, tl.num_programs(1), part_ptr,
+                            counter_ptr + tile, g_ptr, out_ptr, rows, row_ok, ms, m_ok, M, N,
+                            SCHEME)
         if HAND_ON:  # noqa: SIM102 (a constexpr: no code for it when off)
             if last:
                 _hand_on_swiglu(out_ptr, hidden_ptr, hxo_ptr, hinv_ptr, hxsum_ptr, ticket_ptr,
