@@ -113,6 +113,10 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
     eng35masked) NINFER_DECODE_EVEN_N=0 engine 240 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \
                    --no-breakdown --output "$out/masked" ;;
     # the cost of compiling, with the tuners' candidates compiled side by side and one at a time
+    # a 27B start that tunes its decode plans afresh (Triton's cache kept): run it again
+    # (eng27retune.2) to see whether the tuner picks the same plans and decode speed
+    eng27retune) NINFER_HOME=$(mktemp -d) engine 300 qwen3_6_27b_nvfp4 --concurrency 1 \
+                   --no-breakdown --output "$out/retune" ;;
     cold27) cold "$out/cold" ;;
     cold27serial) NINFER_COMPILE_WORKERS=1 cold "$out/cold-serial" ;;
     mtp35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \
@@ -136,6 +140,8 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
     klin27) NINFER_BENCH_MODELS=27B NINFER_BENCH_SCHEMES=nvfp4 timeout 300 python3 -m ninfer_bench.cli \
               kernels --only linear --output "$out/kernels-linear" ;;
     dprobe) timeout 420 python3 scripts/decode_probe.py ${DPROBE_ARGS:-} ;;
+    # the decode tuner's picks against the fastest plan, over rounds (scripts/tuner_probe.py)
+    tprobe) timeout 300 python3 scripts/tuner_probe.py ${TPROBE_ARGS:-} ;;
     ncu) timeout 200 ncu --clock-control none --kernel-name regex:_decode_kernel \
            --section WarpStateStats --section SchedulerStats --section Occupancy \
            --section MemoryWorkloadAnalysis python3 scripts/ncu_decode.py ;;

@@ -1,0 +1,84 @@
+"""Does the decode tuner pick the fastest plan, and the same one each time? (GPU, ~2 min)
+
+The decode tuner (`quant_linear.tuned_plan`) times each (config, K split) candidate once, as
+CUDA-graph replays of one call behind a read of twice the L2 (`quant_linear._cold_times`), and
+keeps the fastest. Two H100 machines running the same per-weight kernels chose different plans
+for the 27B's largest GEMVs (gate|up 34816 x 5120: 4 K splits on the twenty-third run, 1 on
+the twenty-fourth; down 5120 x 17408: 14 and 7) and decoded at 113.0-113.4 and 105.4-105.8
+tok/s (docs/perf.md): either the machines differ or the choice is noise. For every 27B decode
+shape this prints, per candidate, the tuner's time in each of --rounds rounds (an asterisk
+on the candidate each round picks) and the time of calls streaming over weight copies beyond
+the L2 (`ninfer-bench kernels`' measure, the closest to a step; a plus on the fastest), so
+that the tuner's pick can be compared with the best and with itself:
+
+    python3 scripts/tuner_probe.py [--rounds 3] [--schemes nvfp4] [--m 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from ninfer_bench.kernels.linear import (
+    MODELS,
+    _rotating,
+    _timed,
+    projections,
+    save_table,
+    weight_copies,
+)
+from ninfer_runtime.ops import quant_linear as ql
+from ninfer_runtime.profiles import get_profile
+
+
+def probe(label: str, ws: list, m: int, rounds: int, gen: torch.Generator) -> list[str]:
+    """The table rows of one weight shape (ws: its copies) at m activation rows."""
+    n, k = ws[0].shape
+    ops = ql._operands(ws[0])
+    x = torch.randn(m, k, device=gen.device, generator=gen).to(torch.bfloat16)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    options = ql.decode_candidates(n, k, ops.layout.scheme, x.device)
+
+    def run(plan: ql.DecodePlan) -> None:
+        ql._run_decode(x, ops, out, plan)
+
+    timed = [[t * 1e3 for t in ql._cold_times(options, run, x.device)] for _ in range(rounds)]
+    key = ql._decode_key(n, k, ops.layout, x)
+    streaming = []
+    for plan in options:  # linear() takes the plan set for its key
+        ql._decode_plans[key] = plan
+        streaming.append(_timed(_rotating(ws, x)))
+    del ql._decode_plans[key]
+    best = streaming.index(min(streaming))
+    rows = []
+    for i, plan in enumerate(options):
+        cfg = plan.config
+        tuner = " / ".join(f"{r[i]:.1f}{'*' if r.index(min(r)) == i else ''}" for r in timed)
+        rows.append(f"| {label} | {m} | BN={cfg.bn} s={cfg.stages} d={cfg.dots} "
+                    f"splits={plan.splits} | {tuner} "
+                    f"| {streaming[i]:.1f}{'+' if i == best else ''} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--schemes", default="nvfp4")
+    p.add_argument("--m", default="1")
+    args = p.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    lines = ["| shape | M | candidate | tuner us, each round | streaming us |",
+             "|---|---|---|---|---|"]
+    for name, (n, k) in projections(get_profile(MODELS["27B"]).config).items():
+        for scheme in args.schemes.split(","):
+            ws = weight_copies(scheme, n, k, "cuda", gen)
+            for m in (int(v) for v in args.m.split(",")):
+                lines += probe(f"{name} {n}x{k} {scheme}", ws, m, args.rounds, gen)
+            del ws
+    save_table(lines, "tuner_probe.md")
+
+
+if __name__ == "__main__":
+    main()
