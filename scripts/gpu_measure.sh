@@ -20,6 +20,9 @@ mkdir -p "$ART"
 CTX=${CTX:-8192}
 TOKENS=${TOKENS:-64}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt"
+# the card's clock and power limits: two H100s of the same name decoded 7% apart (runs 23, 24)
+nvidia-smi --query-gpu=clocks.max.sm,clocks.max.memory,clocks.applications.graphics,power.limit \
+  --format=csv >> "$out/gpu.txt" 2>&1 || true
 echo "${NINFER_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" >> "$out/gpu.txt"
 
 build() {  # build SECONDS PROFILE WEIGHTS: with MTP, a random DFlash draft and a draft head
