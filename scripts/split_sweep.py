@@ -20,16 +20,13 @@ import torch
 
 from ninfer_bench.ceilings import ceilings
 from ninfer_bench.kernels.linear import (
-    MODELS,
     _rotating,
     _timed,
-    projections,
+    model_weights,
     save_table,
     weight_bytes,
-    weight_copies,
 )
 from ninfer_runtime.ops import quant_linear as ql
-from ninfer_runtime.profiles import get_profile
 
 
 def main() -> None:
@@ -42,26 +39,23 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     lines = ["| shape | scheme | M | target | splits | config | us | % of BW |",
              "|---|---|---|---|---|---|---|---|"]
-    for name, (n, k) in projections(get_profile(MODELS["27B"]).config).items():
-        for scheme in args.schemes.split(","):
-            ws = weight_copies(scheme, n, k, "cuda", gen)
-            size = weight_bytes(ws[0])
-            for m in (int(v) for v in args.m.split(",")):
-                x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-                for target in targets:
-                    ql.SPLIT_TARGETS = (target,)
-                    ql._decode_plans.clear()
-                    us = _timed(_rotating(ws, x))  # its first call tunes for this split
-                    moved = size + 2 * m * (k + n)
-                    [plan] = ql._decode_plans.values()
-                    cfg = plan.config
-                    lines.append(f"| {name} {n}x{k} | {scheme} | {m} | {target} "
-                                 f"| {plan.splits} "
-                                 f"| BN={cfg.bn} w={cfg.warps} s={cfg.stages} d={cfg.dots} "
-                                 f"| {us:.1f} "
-                                 f"| {100 * moved / ceilings().bandwidth / (us * 1e-6):.1f}% |")
-                    print(lines[-1], flush=True)
-            del ws
+    for shape, scheme, ws in model_weights("27B", args.schemes.split(","), "cuda", gen):
+        n, k = ws[0].shape
+        size = weight_bytes(ws[0])
+        for m in (int(v) for v in args.m.split(",")):
+            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            for target in targets:
+                ql.SPLIT_TARGETS = (target,)
+                ql._decode_plans.clear()
+                us = _timed(_rotating(ws, x))  # its first call tunes for this split
+                moved = size + 2 * m * (k + n)
+                [plan] = ql._decode_plans.values()
+                cfg = plan.config
+                lines.append(f"| {shape} | {scheme} | {m} | {target} | {plan.splits} "
+                             f"| BN={cfg.bn} w={cfg.warps} s={cfg.stages} d={cfg.dots} "
+                             f"| {us:.1f} "
+                             f"| {100 * moved / ceilings().bandwidth / (us * 1e-6):.1f}% |")
+                print(lines[-1], flush=True)
     save_table(lines, "split_sweep.md")
 
 

@@ -20,16 +20,8 @@ import argparse
 
 import torch
 
-from ninfer_bench.kernels.linear import (
-    MODELS,
-    _rotating,
-    _timed,
-    projections,
-    save_table,
-    weight_copies,
-)
+from ninfer_bench.kernels.linear import _rotating, _timed, model_weights, save_table
 from ninfer_runtime.ops import quant_linear as ql
-from ninfer_runtime.profiles import get_profile
 
 
 def probe(label: str, ws: list, m: int, rounds: int, gen: torch.Generator) -> list[str]:
@@ -71,12 +63,9 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     lines = ["| shape | M | candidate | tuner us, each round | streaming us |",
              "|---|---|---|---|---|"]
-    for name, (n, k) in projections(get_profile(MODELS["27B"]).config).items():
-        for scheme in args.schemes.split(","):
-            ws = weight_copies(scheme, n, k, "cuda", gen)
-            for m in (int(v) for v in args.m.split(",")):
-                lines += probe(f"{name} {n}x{k} {scheme}", ws, m, args.rounds, gen)
-            del ws
+    for shape, scheme, ws in model_weights("27B", args.schemes.split(","), "cuda", gen):
+        for m in (int(v) for v in args.m.split(",")):
+            lines += probe(f"{shape} {scheme}", ws, m, args.rounds, gen)
     save_table(lines, "tuner_probe.md")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from unittest.mock import patch
 
 import torch
@@ -104,6 +104,15 @@ def weight_copies(scheme: str, n: int, k: int, device: str, gen: torch.Generator
     first = random_weight(scheme, n, k, device, gen)
     return [first] + [random_weight(scheme, n, k, device, gen)
                       for _ in range(_copies(weight_bytes(first)) - 1)]
+
+
+def model_weights(model: str, schemes: Iterable[str], device: str, gen: torch.Generator
+                  ) -> Iterator[tuple[str, str, list[Weight]]]:
+    """("names NxK", scheme, `weight_copies`) for every decode projection shape of `model` (a
+    MODELS label) in each scheme: what the scripts' decode probes iterate over."""
+    for name, (n, k) in projections(get_profile(MODELS[model]).config).items():
+        for scheme in schemes:
+            yield f"{name} {n}x{k}", scheme, weight_copies(scheme, n, k, device, gen)
 
 
 def save_table(lines: list[str], filename: str) -> None:
