@@ -115,11 +115,11 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
                    --no-breakdown --output "$out/masked" ;;
     eng35masked) NINFER_DECODE_EVEN_N=0 engine 240 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \
                    --no-breakdown --output "$out/masked" ;;
-    # the cost of compiling, with the tuners' candidates compiled side by side and one at a time
     # a 27B start that tunes its decode plans afresh (Triton's cache kept): run it again
     # (eng27retune.2) to see whether the tuner picks the same plans and decode speed
     eng27retune) NINFER_HOME=$(mktemp -d) engine 300 qwen3_6_27b_nvfp4 --concurrency 1 \
                    --no-breakdown --output "$out/retune" ;;
+    # the cost of compiling, with the tuners' candidates compiled side by side and one at a time
     cold27) cold "$out/cold" ;;
     cold27serial) NINFER_COMPILE_WORKERS=1 cold "$out/cold-serial" ;;
     mtp35) engine 150 qwen3_6_35b_a3b_nvfp4 --concurrency 1 --no-breakdown \

@@ -395,9 +395,11 @@ class DecodePlan:
 # BK/8 >= 16). The tuner times them all on the GPU; the interpreter runs one. Tried and not
 # kept (twenty-third run, H100): a one-row GEMV applying the fp8 block scales per MMA column
 # (the operand in 8 rows, one per scale block, zeros elsewhere), 2.61-2.71 instructions a
-# weight and 96-102 registers, ran the 27B step 23% slower: its B operand is 8x the bytes.
-# Its second form (twenty-fourth run: the B operand loaded from the one row with masks, the
-# scales a tile ahead; 2.71-2.80 and 96-125) ran the 27B 1.1% faster and the 35B 7.3% slower.
+# weight and 96-102 registers, ran the 27B step 23% slower: its B operand is 8x the bytes,
+# and its scale loads (which feed no dot, so Triton does not copy them ahead) waited on DRAM
+# in every K tile. Its second form (twenty-fourth run: the B operand loaded from the one row
+# with masks, the scales a tile ahead; 2.71-2.80 and 96-125) ran the 27B 1.1% faster and the
+# 35B 7.3% slower.
 DECODE_CONFIGS = {
     _NVFP4_ID: [DecodeConfig(bn, bk, w, s, d) for bn, bk, w, s, d in (
         (128, 256, 4, 3, 8), (128, 256, 4, 2, 8), (128, 256, 4, 3, 2), (64, 256, 4, 4, 4),
