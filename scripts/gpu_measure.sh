@@ -31,14 +31,15 @@ build() {  # build SECONDS PROFILE WEIGHTS: with MTP, a random DFlash draft and 
 }
 # the engine's serving defaults (a lone 8K prompt in one step); ninfer-bench keeps 1,024-token chunks
 ONE_STEP="--prefill-chunk 8192 --max-batched-tokens 8192"
-engine() {  # engine SECONDS ARTIFACT-STEM [ninfer-bench engine flags]
-  local limit=$1 a=$2 flag prev= flags=(); shift 2
-  for flag in "$@"; do  # a stage run again (STAGE.N) writes beside its own --output, not over it
-    [[ $prev == --output && -n $again ]] && flags+=("$flag/again$again") || flags+=("$flag")
+engine() {  # engine SECONDS ARTIFACT-STEM [ninfer-bench engine flags]; reports to $out or --output
+  local limit=$1 a=$2 flag prev= output=$out flags=(); shift 2
+  for flag in "$@"; do
+    if [[ $prev == --output ]]; then output=$flag; elif [[ $flag != --output ]]; then flags+=("$flag"); fi
     prev=$flag
   done
+  # a stage run again (STAGE.N) writes beside its output, not over it
   timeout "$limit" python3 -m ninfer_bench.cli engine "$ART/$a.ninfer" \
-    --context-lengths "$CTX" --decode-tokens "$TOKENS" --output "$out${again:+/again$again}" \
+    --context-lengths "$CTX" --decode-tokens "$TOKENS" --output "$output${again:+/again$again}" \
     "${flags[@]}"
 }
 cold() {  # cold OUTPUT: a 27B engine start on empty caches (Triton's, the decode plans)

@@ -1,15 +1,16 @@
 """Does the decode tuner pick the fastest plan, and the same one each time? (GPU, ~2 min)
 
-The decode tuner (`quant_linear.tuned_plan`) times each (config, K split) candidate once, as
-CUDA-graph replays of one call behind a read of twice the L2 (`quant_linear._cold_times`), and
-keeps the fastest. Two H100 machines running the same per-weight kernels chose different plans
-for the 27B's largest GEMVs (gate|up 34816 x 5120: 4 K splits on the twenty-third run, 1 on
-the twenty-fourth; down 5120 x 17408: 14 and 7) and decoded at 113.0-113.4 and 105.4-105.8
-tok/s (docs/perf.md): either the machines differ or the choice is noise. For every 27B decode
-shape this prints, per candidate, the tuner's time in each of --rounds rounds (an asterisk
-on the candidate each round picks) and the time of calls streaming over weight copies beyond
-the L2 (`ninfer-bench kernels`' measure, the closest to a step; a plus on the fastest), so
-that the tuner's pick can be compared with the best and with itself:
+The decode tuner (`quant_linear.tuned_plan`) times each (config, K split) candidate in one
+measurement, the median of CUDA-graph replays of one call behind a read of twice the L2
+(`quant_linear._cold_times`), and keeps the fastest. Two H100 machines running the same
+per-weight kernels chose different plans for the 27B's largest GEMVs (gate|up 34816 x 5120: 4 K
+splits on the twenty-third run, 1 on the twenty-fourth; down 5120 x 17408: 14 and 7) and
+decoded at 113.0-113.4 and 105.4-105.8 tok/s (docs/perf.md): either the machines differ or the
+choice is noise. For every 27B decode shape this prints, per candidate, the tuner's time in
+each of --rounds rounds (an asterisk on the candidate each round picks) and the time of calls
+streaming over weight copies beyond the L2 (`ninfer-bench kernels`' measure, the closest to a
+step; a plus on the fastest), so that the tuner's pick can be compared with the best and with
+itself:
 
     python3 scripts/tuner_probe.py [--rounds 3] [--schemes nvfp4] [--m 1]
 """
