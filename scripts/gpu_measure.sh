@@ -120,6 +120,9 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
     # (eng27retune.2) to see whether the tuner picks the same plans and decode speed
     eng27retune) NINFER_HOME=$(mktemp -d) engine 300 qwen3_6_27b_nvfp4 --concurrency 1 \
                    --no-breakdown --output "$out/retune" ;;
+    # the 27B with the decode plans tprobe found fastest streaming (run tprobe first)
+    eng27best) NINFER_HOME=$ART/best-home engine 300 qwen3_6_27b_nvfp4 --concurrency 1 \
+                 --no-breakdown --output "$out/best" ;;
     # the cost of compiling, with the tuners' candidates compiled side by side and one at a time
     cold27) cold "$out/cold" ;;
     cold27serial) NINFER_COMPILE_WORKERS=1 cold "$out/cold-serial" ;;
@@ -145,7 +148,8 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
               kernels --only linear --output "$out/kernels-linear" ;;
     dprobe) timeout 420 python3 scripts/decode_probe.py ${DPROBE_ARGS:-} ;;
     # the decode tuner's picks against the fastest plan, over rounds (scripts/tuner_probe.py)
-    tprobe) timeout 300 python3 scripts/tuner_probe.py ${TPROBE_ARGS:-} ;;
+    # (its streaming-fastest plans kept in $ART/best-home for eng27best)
+    tprobe) timeout 300 python3 scripts/tuner_probe.py --home "$ART/best-home" ${TPROBE_ARGS:-} ;;
     ncu) timeout 200 ncu --clock-control none --kernel-name regex:_decode_kernel \
            --section WarpStateStats --section SchedulerStats --section Occupancy \
            --section MemoryWorkloadAnalysis python3 scripts/ncu_decode.py ;;

@@ -56,6 +56,7 @@ def main() -> None:
                              f"| {us:.1f} "
                              f"| {100 * moved / ceilings().bandwidth / (us * 1e-6):.1f}% |")
                 print(lines[-1], flush=True)
+        del ws  # before model_weights builds the next shape's copies
     save_table(lines, "split_sweep.md")
 
 

@@ -10,23 +10,29 @@ choice is noise. For every 27B decode shape this prints, per candidate, the tune
 each of --rounds rounds (an asterisk on the candidate each round picks) and the time of calls
 streaming over weight copies beyond the L2 (`ninfer-bench kernels`' measure, the closest to a
 step; a plus on the fastest), so that the tuner's pick can be compared with the best and with
-itself:
+itself. With --home DIR, each shape's streaming-fastest candidate is stored as the tuner's
+choice in DIR's tuning cache (`ops.tuning_cache`), so that an engine started with
+NINFER_HOME=DIR decodes with those plans (`gpu_measure.sh tprobe eng27best`):
 
-    python3 scripts/tuner_probe.py [--rounds 3] [--schemes nvfp4] [--m 1]
+    python3 scripts/tuner_probe.py [--rounds 3] [--schemes nvfp4] [--m 1] [--home DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
 from ninfer_bench.kernels.linear import _rotating, _timed, model_weights, save_table
 from ninfer_runtime.ops import quant_linear as ql
+from ninfer_runtime.ops import tuning_cache
 
 
-def probe(label: str, ws: list, m: int, rounds: int, gen: torch.Generator) -> list[str]:
-    """The table rows of one weight shape (ws: its copies) at m activation rows."""
+def probe(label: str, ws: list, m: int, rounds: int, gen: torch.Generator, keep: bool
+          ) -> list[str]:
+    """The table rows of one weight shape (ws: its copies) at m activation rows; keep: store
+    the streaming-fastest candidate in the tuning cache (NINFER_HOME)."""
     n, k = ws[0].shape
     ops = ql._operands(ws[0])
     x = torch.randn(m, k, device=gen.device, generator=gen).to(torch.bfloat16)
@@ -44,6 +50,9 @@ def probe(label: str, ws: list, m: int, rounds: int, gen: torch.Generator) -> li
         streaming.append(_timed(_rotating(ws, x)))
     del ql._decode_plans[key]
     best = streaming.index(min(streaming))
+    if keep:
+        tuning_cache.store(tuning_cache.cache_file(x.device),
+                           tuning_cache.entry_key(key, options), best)
     rows = []
     for i, plan in enumerate(options):
         cfg = plan.config
@@ -60,13 +69,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--schemes", default="nvfp4")
     p.add_argument("--m", default="1")
+    p.add_argument("--home", help="store the streaming-fastest plans in this NINFER_HOME")
     args = p.parse_args()
+    if args.home:
+        os.environ["NINFER_HOME"] = args.home
     gen = torch.Generator(device="cuda").manual_seed(0)
     lines = ["| shape | M | candidate | tuner us, each round | streaming us |",
              "|---|---|---|---|---|"]
     for shape, scheme, ws in model_weights("27B", args.schemes.split(","), "cuda", gen):
         for m in (int(v) for v in args.m.split(",")):
-            lines += probe(f"{shape} {scheme}", ws, m, args.rounds, gen)
+            lines += probe(f"{shape} {scheme}", ws, m, args.rounds, gen, bool(args.home))
+        del ws  # before model_weights builds the next shape's copies
     save_table(lines, "tuner_probe.md")
 
 

@@ -109,7 +109,8 @@ def weight_copies(scheme: str, n: int, k: int, device: str, gen: torch.Generator
 def model_weights(model: str, schemes: Iterable[str], device: str, gen: torch.Generator
                   ) -> Iterator[tuple[str, str, list[Weight]]]:
     """("names NxK", scheme, `weight_copies`) for every decode projection shape of `model` (a
-    MODELS label) in each scheme: what the scripts' decode probes iterate over."""
+    MODELS label) in each scheme: what the scripts' decode probes iterate over. A caller
+    drops each shape's copies (del) before asking for the next, or both sets are live."""
     for name, (n, k) in projections(get_profile(MODELS[model]).config).items():
         for scheme in schemes:
             yield f"{name} {n}x{k}", scheme, weight_copies(scheme, n, k, device, gen)
