@@ -1,18 +1,18 @@
 """Does the decode tuner pick the fastest plan, and the same one each time? (GPU, ~2 min)
 
 The decode tuner (`quant_linear.tuned_plan`) times each (config, K split) candidate in one
-measurement, the median of CUDA-graph replays of one call behind a read of twice the L2
-(`quant_linear._cold_times`), and keeps the fastest. Two H100 machines running the same
-per-weight kernels chose different plans for the 27B's largest GEMVs (gate|up 34816 x 5120: 4 K
-splits on the twenty-third run, 1 on the twenty-fourth; down 5120 x 17408: 14 and 7) and
-decoded at 113.0-113.4 and 105.4-105.8 tok/s (docs/perf.md): either the machines differ or the
-choice is noise. For every 27B decode shape this prints, per candidate, the tuner's time in
-each of --rounds rounds (an asterisk on the candidate each round picks) and the time of calls
-streaming over weight copies beyond the L2 (`ninfer-bench kernels`' measure, the closest to a
-step; a plus on the fastest), so that the tuner's pick can be compared with the best and with
-itself. With --home DIR, each shape's streaming-fastest candidate is stored as the tuner's
-choice in DIR's tuning cache (`ops.tuning_cache`), so that an engine started with
-NINFER_HOME=DIR decodes with those plans (`gpu_measure.sh tprobe eng27best`):
+measurement, the median of CUDA-graph replays of calls cycling through zero-filled stand-ins
+for the weight (`quant_linear._streaming_times`), and keeps the fastest. Its previous timing
+(one weight, each call behind a read of twice the L2) was stable over rounds but blind on the
+27B's smaller shapes, and its plans decoded 2.7% slower than the plans this probe found
+fastest (docs/perf.md, twenty-fifth run). For every 27B decode shape this prints, per
+candidate, the tuner's time in each of --rounds rounds (an asterisk on the candidate each
+round picks) and the time of calls streaming over random weight copies beyond the L2
+(`ninfer-bench kernels`' measure; a plus on the fastest), so that the tuner's pick can be
+compared with the best and with itself. With --home DIR, each shape's streaming-fastest
+candidate is stored as the tuner's choice in DIR's tuning cache (`ops.tuning_cache`), so that
+an engine started with NINFER_HOME=DIR decodes with those plans (`gpu_measure.sh tprobe
+eng27best`):
 
     python3 scripts/tuner_probe.py [--rounds 3] [--schemes nvfp4] [--m 1] [--home DIR]
 """
@@ -39,10 +39,9 @@ def probe(label: str, ws: list, m: int, rounds: int, gen: torch.Generator, keep:
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     options = ql.decode_candidates(n, k, ops.layout.scheme, x.device)
 
-    def run(plan: ql.DecodePlan) -> None:
-        ql._run_decode(x, ops, out, plan)
-
-    timed = [[t * 1e3 for t in ql._cold_times(options, run, x.device)] for _ in range(rounds)]
+    runs = [lambda c, o=o: ql._run_decode(x, o, out, c) for o in ql._weight_copies(ops, x.device)]
+    timed = [[t * 1e3 for t in ql._streaming_times(options, runs)] for _ in range(rounds)]
+    del runs
     key = ql._decode_key(n, k, ops.layout, x)
     streaming = []
     for plan in options:  # linear() takes the plan set for its key

@@ -11,6 +11,7 @@ only run the twin; tests/kernels/test_quant_decode.py proves the PTX itself).
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -510,3 +511,18 @@ def test_the_gate_up_gemv_hands_the_down_gemv_its_operand(scheme: str, inter: in
     for args in ((x, plain, spec), (x, gate_up, None),
                  (rand(quant_linear.SKINNY_MAX_M + 1, 256, dtype=HALF), gate_up, spec)):
         assert swiglu_with_operand(*args) is None
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_tuned_decode_gives_the_reference(scheme: str, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the decode tuner on (on the GPU it times every candidate streaming over zero-filled
+    copies of the weight, `quant_linear._streaming_times`), the plan it picks gives the
+    reference, and the weight itself is untouched."""
+    monkeypatch.setattr(quant_linear, "DECODE_TUNING", True)
+    monkeypatch.setenv("NINFER_HOME", str(tmp_path))
+    w = packed(scheme, 384, 512)
+    before = {r: p.clone() for r, p in w.parts.items()}
+    x = rand(1, 512, dtype=HALF)
+    check(linear(x, w), x, w)
+    assert all(torch.equal(w.parts[r], p) for r, p in before.items())

@@ -7,6 +7,7 @@ over bf16/fp16/fp32, nvfp4 and groupwise-int stacked experts."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -369,3 +370,17 @@ def test_prompts_take_the_dequantized_path_from_enough_rows_per_expert(
     assert ran == []
     moe_experts(x, gate_up, down, weights, ids)
     assert ran == [1]
+
+
+def test_tuned_tensor_core_decode_gives_the_reference(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the stages' tuner on (on the GPU it times every candidate with the routing rotated
+    over other experts, `moe._rotated_ids`), the plans it picks give the reference."""
+    monkeypatch.setattr(quant_linear, "DECODE_TUNING", True)
+    monkeypatch.setattr(moe, "_stage_plans", {})
+    monkeypatch.setenv("NINFER_HOME", str(tmp_path))
+    x, gate_up, down, weights, ids = experts_case("nvfp4", 1, 768, 64, HALF, top_k=2)
+    out = _launch_moe_decode(x, gate_up, down, weights, ids)
+    expected = moe_experts_ref(x.float(), gate_up, down, weights, ids)
+    torch.testing.assert_close(out.float(), expected, rtol=4e-3,
+                               atol=4e-3 * expected.abs().max().item())

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ninfer_runtime.ops import quant_linear, tuning_cache
+from ninfer_runtime.quant import PackedWeight, get_scheme
 
 KEY = (4096, 5120, 0, torch.float16, torch.device("cuda", 0))
 OPTIONS = ["plan-a", "plan-b", "plan-c"]
@@ -51,44 +52,80 @@ def test_corrupt_file_is_an_empty_cache(cache: Path) -> None:
 def test_tuned_plan_reuses_a_stored_choice_without_timing(cache: Path) -> None:
     tuning_cache.store(cache, tuning_cache.entry_key(KEY, OPTIONS), 1)
 
-    def run(candidate: object) -> None:
+    def runs() -> list:
         raise AssertionError("a cached plan must not be timed")
 
     plans: dict = {}
-    plan = quant_linear.tuned_plan(plans, KEY, lambda: list(OPTIONS), run, KEY[-1])
+    plan = quant_linear.tuned_plan(plans, KEY, lambda: list(OPTIONS), runs, KEY[-1])
     assert plan == "plan-b" and plans[KEY] == "plan-b"
 
 
 def test_tuned_plan_off_the_gpu_takes_the_first(cache: Path) -> None:
     tuning_cache.store(cache, tuning_cache.entry_key(KEY, OPTIONS), 2)
-    plan = quant_linear.tuned_plan({}, KEY, lambda: list(OPTIONS), lambda c: None,
+    plan = quant_linear.tuned_plan({}, KEY, lambda: list(OPTIONS), lambda: [],
                                    torch.device("cpu"))
     assert plan == "plan-a"
 
 
-def test_candidates_are_timed_after_evicting_the_l2(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each timed replay reads a buffer twice the L2's size before the candidate runs, so the
-    candidates stream their weights from memory as in a step; times come back in order."""
+def test_candidates_are_timed_streaming_over_weight_copies(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate's timed calls take the copies' runs in turn (a copy is met again only
+    after the others), each candidate from the first copy; times come back in order."""
     import triton.testing
 
-    events: list[object] = []
-    l2 = 4096
-    monkeypatch.setattr(quant_linear, "_l2_bytes", lambda device: l2)
-    real_sum = torch.sum
-
-    def tracked_sum(t: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        events.append(("read", t.nbytes))
-        return real_sum(t, *args, **kwargs)
-
-    monkeypatch.setattr(torch, "sum", tracked_sum)
+    events: list[tuple[str, int]] = []
+    runs = [lambda c, i=i: events.append((c, i)) for i in range(3)]
 
     def bench(fn, rep: int, return_mode: str) -> float:  # noqa: ANN001
         before = len(events)
-        fn()
-        return float(len(events) - before) * 10 + len(events)
+        for _ in range(4):
+            fn()
+        return float(len(events) - before) + len(events)
 
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph", bench)
-    times = quant_linear._cold_times(OPTIONS, events.append, torch.device("cpu"))
-    assert events == [("read", 2 * l2), "plan-a", ("read", 2 * l2), "plan-b",
-                      ("read", 2 * l2), "plan-c"]
-    assert times == [22.0, 24.0, 26.0]
+    times = quant_linear._streaming_times(OPTIONS[:2], runs)
+    assert events == [("plan-a", 0), ("plan-a", 1), ("plan-a", 2), ("plan-a", 0),
+                      ("plan-b", 0), ("plan-b", 1), ("plan-b", 2), ("plan-b", 0)]
+    assert times == [8.0, 12.0]
+
+
+def test_weight_copies_exceed_the_l2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Enough zero-filled stand-ins of the same shapes that the copies hold ~3 L2s; the first
+    is the weight itself; nvfp4's aliased parts stay aliased; a weight that large alone gets
+    no copy."""
+    n, k = 64, 256
+    parts = {"weight": torch.ones(n, k // 2, dtype=torch.uint8),
+             "weight_scale": torch.ones(n, k // 16, dtype=torch.uint8).view(torch.float8_e4m3fn),
+             "weight_scale_2": torch.ones(n)}
+    w = PackedWeight(get_scheme("nvfp4"), parts, (n, k))
+    ops = quant_linear._operands(w)
+    size = ops.words.nbytes + ops.scale.nbytes
+    monkeypatch.setattr(quant_linear, "_l2_bytes", lambda device: 2 * size)
+    copies = quant_linear._weight_copies(ops, torch.device("cpu"))
+    assert len(copies) == 6 and copies[0] is ops
+    for c in copies[1:]:
+        assert c.words.shape == ops.words.shape and c.words.dtype == ops.words.dtype
+        assert c.scale.shape == ops.scale.shape and not c.words.any()
+        assert c.zero is c.scale and c.gscale is ops.gscale
+        assert c.words.data_ptr() != ops.words.data_ptr()
+    monkeypatch.setattr(quant_linear, "_l2_bytes", lambda device: size // 4)
+    assert quant_linear._weight_copies(ops, torch.device("cpu")) == [ops]
+
+
+@pytest.mark.parametrize(("l2_experts", "count"), [(3, 5), (100, 8)])
+def test_moe_stage_tuner_rotates_the_routing_over_other_experts(
+        l2_experts: int, count: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The expert stages' tuner streams by routing each copy of its call to other experts: as
+    many copies as ~3 L2s of the experts a call reads ask for, at most E over their number,
+    each a distinct set of experts."""
+    from ninfer_runtime.ops import moe
+
+    w = moe._Experts.of(torch.zeros(16, 8, 32, dtype=torch.bfloat16), "gate_up")
+    per_expert = 8 * 32 * 2
+    monkeypatch.setattr(quant_linear, "_l2_bytes", lambda device: l2_experts * per_expert)
+    ids = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)  # two experts
+    rotated = moe._rotated_ids(ids, w)
+    assert len(rotated) == count and rotated[0] is ids
+    sets = [frozenset(r.flatten().tolist()) for r in rotated]
+    assert len(set(sets)) == count and all(len(s) == 2 for s in sets)
+    assert all(r.dtype == ids.dtype and r.shape == ids.shape for r in rotated)

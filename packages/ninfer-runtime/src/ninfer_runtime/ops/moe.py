@@ -591,8 +591,23 @@ def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: tor
            l2_prefetch(a.device), a.device)
     plan = quant_linear.tuned_plan(
         _stage_plans, key, lambda: _stage_candidates(n, k, w.scheme, swiglu),
-        lambda c: _run_stage(a, w, out, ids, weights, swiglu, c), a.device)
+        lambda: [lambda c, i=i: _run_stage(a, w, out, i, weights, swiglu, c)
+                 for i in _rotated_ids(ids, w)], a.device)
     _run_stage(a, w, out, ids, weights, swiglu, plan, operand, hand_on)
+
+
+def _rotated_ids(ids: torch.Tensor, w: _Experts) -> list[torch.Tensor]:
+    """ids, then the same routing shifted to other experts (ids + j mod E), as many as
+    `quant_linear.weight_copy_count` asks for the experts a call reads (at most E over
+    their number): the stage's tuner cycles through them, so that its calls stream their
+    experts from memory as a step's do (ops.quant_linear._streaming_times)."""
+    e = w.shape[0]
+    used = torch.unique(ids).numel()
+    parts = {id(t): t for t in (w.weight, w.scale, w.aux)}
+    per_expert = sum(t[0].nbytes for t in parts.values())
+    count = min(quant_linear.weight_copy_count(used * per_expert, ids.device), max(1, e // used))
+    step = e // count
+    return [ids if i == 0 else (ids + i * step) % e for i in range(count)]
 
 
 def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tensor,

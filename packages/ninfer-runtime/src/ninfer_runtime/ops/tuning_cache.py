@@ -31,8 +31,9 @@ def cache_file(device: torch.device) -> Path:
     return home / "tuning" / f"{gpu}-triton{triton.__version__}.json"
 
 
-# how candidates are timed: a change (2: from a cold L2) makes every stored choice stale
-TIMING = 2
+# how candidates are timed: a change (2: from a cold L2; 3: streaming over weight copies)
+# makes every stored choice stale
+TIMING = 3
 
 
 def entry_key(key: tuple, candidates: list) -> str:
