@@ -69,12 +69,16 @@ def test_tuned_plan_off_the_gpu_takes_the_first(cache: Path) -> None:
 
 def test_candidates_are_timed_streaming_over_weight_copies(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A candidate's timed calls take the copies' runs in turn (a copy is met again only
-    after the others), each candidate from the first copy; times come back in order."""
+    """The candidates are compiled (side by side, where that is on) on the first copy; a
+    candidate's timed calls take the copies' runs in turn (a copy is met again only after
+    the others), each candidate from the first copy; times come back in order."""
     import triton.testing
 
     events: list[tuple[str, int]] = []
     runs = [lambda c, i=i: events.append((c, i)) for i in range(3)]
+    compiled = []
+    monkeypatch.setattr(quant_linear, "compile_candidates",
+                        lambda run, options: compiled.append((run, list(options))))
 
     def bench(fn, rep: int, return_mode: str) -> float:  # noqa: ANN001
         before = len(events)
@@ -87,6 +91,7 @@ def test_candidates_are_timed_streaming_over_weight_copies(
     assert events == [("plan-a", 0), ("plan-a", 1), ("plan-a", 2), ("plan-a", 0),
                       ("plan-b", 0), ("plan-b", 1), ("plan-b", 2), ("plan-b", 0)]
     assert times == [8.0, 12.0]
+    assert compiled == [(runs[0], OPTIONS[:2])]
 
 
 def test_weight_copies_exceed_the_l2(monkeypatch: pytest.MonkeyPatch) -> None:
