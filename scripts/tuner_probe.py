@@ -1,8 +1,9 @@
 """Does the decode tuner pick the fastest plan, and the same one each time? (GPU, ~2 min)
 
-The decode tuner (`quant_linear.tuned_plan`) times each (config, K split) candidate in one
-measurement, the median of CUDA-graph replays of calls cycling through zero-filled stand-ins
-for the weight (`quant_linear._streaming_times`), and keeps the fastest. Its previous timing
+The decode tuner (`quant_linear.tuned_plan`) times each (config, K split) candidate as CUDA-graph
+replays of calls cycling through zero-filled stand-ins for the weight, its median over
+rounds that take every candidate in turn (`quant_linear._streaming_times`), and keeps the
+fastest. Its previous timing
 (one weight, each call behind a read of twice the L2) was stable over rounds but blind on the
 27B's smaller shapes, and its plans decoded 2.7% slower than the plans this probe found
 fastest (docs/perf.md, twenty-fifth run). For every 27B decode shape this prints, per

@@ -73,6 +73,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
@@ -509,17 +510,25 @@ def _chosen_index(key: tuple, options: list, runs: Callable[[], list[Callable[[o
     return index
 
 
+_TUNING_ROUNDS = 3  # a candidate's time is its median over rounds that take every candidate
+
+
 def _streaming_times(options: list, runs: list[Callable[[object], None]]) -> list[float]:
-    """Each candidate's median time a call, as CUDA-graph replays of calls that take the
-    `runs` in turn (each a call on its own copy of the weights: together they exceed the L2,
+    """Each candidate's time a call: the median, over `_TUNING_ROUNDS` rounds that time
+    every candidate in turn, of CUDA-graph replays of calls that take the `runs` in turn
+    (each a call on its own copy of the weights: together they exceed the L2,
     `weight_copy_count`).
 
     In a step, a GEMV streams its weight from memory (the step's other weights evicted it)
     right after the small kernel before it, and so do these calls. The previous timing (one
-    weight, each call behind a read of twice the L2) ranked the 27B's 5120 x 6144
-    candidates within 0.5 us of one another where calls streaming over copies differed by
-    2.8 us, and its plans decoded the 27B 2.7% slower than the streaming-fastest ones
-    (docs/perf.md, twenty-fifth run)."""
+    weight, each call behind a read of twice the L2, one measurement a candidate) ranked the
+    27B's 5120 x 6144 candidates within 0.5 us of one another where calls streaming over
+    copies differed by 2.8 us, and in the engine's warm-up it picked the first candidate on 3
+    of the 27B's 6 shapes (the probe's rounds, on 1 of 18), gate|up's at 52.8 us streaming
+    against 46.2: its plans decoded the 27B 2.7% slower than the streaming-fastest ones
+    (docs/perf.md, twenty-fifth run). What favoured the first is not known (the GPU's clocks
+    after the idle of the compilations are a guess); with rounds, whatever one moment gives a
+    candidate does not decide."""
     from triton.testing import do_bench_cudagraph
 
     compile_candidates(runs[0], options)  # built side by side, then timed one by one
@@ -528,7 +537,10 @@ def _streaming_times(options: list, runs: list[Callable[[object], None]]) -> lis
         turn = itertools.cycle(runs)
         return lambda: next(turn)(candidate)
 
-    return [do_bench_cudagraph(cycled(c), rep=20, return_mode="median") for c in options]
+    rep = max(1, 20 // _TUNING_ROUNDS)  # ms of replays a measurement
+    rounds = [[do_bench_cudagraph(cycled(c), rep=rep, return_mode="median") for c in options]
+              for _ in range(_TUNING_ROUNDS)]
+    return [statistics.median(times) for times in zip(*rounds, strict=True)]
 
 
 _STREAM_L2S = 3  # a tuned call meets a weight copy again after this many L2s of other bytes

@@ -31,7 +31,7 @@ def cache_file(device: torch.device) -> Path:
     return home / "tuning" / f"{gpu}-triton{triton.__version__}.json"
 
 
-# how candidates are timed: a change (2: from a cold L2; 3: streaming over weight copies)
+# how candidates are timed: a change (2: from a cold L2; 3: streaming over weight copies, in rounds)
 # makes every stored choice stale
 TIMING = 3
 
