@@ -30,11 +30,25 @@ class Kernel:
 
 
 class Tuned(Kernel, Autotuner):
-    """An autotuned kernel's: its argument names and key, as `Autotuner.run` reads them."""
+    """An autotuned kernel's: its argument names and key, as `Autotuner.run` reads them, and
+    a launch through `Autotuner.run` (`recorded_launches`), as Triton's `kernel[grid]`."""
 
     def __init__(self, calls: list):
         Kernel.__init__(self, calls)
         self.arg_names, self.keys = ["x", "n", "BLOCK"], ["n", "BLOCK"]
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=False, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def recorded_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Autotuner.run`, which Triton's `kernel[grid]` calls, a stand-in that records the
+    launch."""
+    def run(tuner, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202
+        tuner.calls.append(("launch", args, kwargs))
+
+    monkeypatch.setattr(Autotuner, "run", run)
 
 
 @pytest.fixture
@@ -88,6 +102,25 @@ def test_a_tuner_s_candidates_only_compile_then_it_times_them(on) -> None:
     assert [(c[0], c[1], c[3]) for c in calls] == [("compile", (c,), True) for c in (1, 2, 3)]
     calls.clear()
     compile_ahead.launch(kernel, (1,), 1)  # afterwards: launches again
+    assert [c[0] for c in calls] == ["launch"]
+
+
+def test_a_library_s_kernel_launched_directly_compiles_ahead_too(on) -> None:
+    """fla-core launches its autotuned kernels itself (`kernel[grid](...)`): within the
+    warm-up they compile a new key's candidates side by side as ours do; after it, Triton's
+    own `Autotuner.run` is back."""
+    calls: list = []
+    kernel, x = Tuned(calls), torch.zeros(4)
+    plain_run = Autotuner.run
+    with compile_ahead.warming_up():
+        assert Autotuner.run is not plain_run
+        kernel[(2,)](x, 64, BLOCK=16)
+        kernel[(2,)](x, 64, BLOCK=16)
+    assert [c[0] for c in calls] == ["compile", "launch", "launch"] and calls[0][3]
+    assert calls[0][1:3] == ((x, 64), {"BLOCK": 16})  # compiled for what it was given
+    assert Autotuner.run is plain_run
+    calls.clear()
+    kernel[(2,)](x, 32, BLOCK=16)
     assert [c[0] for c in calls] == ["launch"]
 
 

@@ -10,11 +10,13 @@ its passes leave the GIL): four attention candidates took 14.6 s one after anoth
 on two threads of a two-core machine.
 
 So in the engine's warm-up (`warming_up`, where the steps meet every tuning key), the first
-launch of an autotuned kernel for a key (`launch`) first compiles every candidate its
-pruning keeps, side by side, then lets the autotuner time them as before (after the warm-up
-`launch` adds a flag's test to a launch, not the key's computation); and a tuner of our own
-has its candidates' kernels compiled side by side (`compile_candidates`: each candidate run
-once where `launch` only submits compilations) before it times them.
+launch of any autotuned kernel for a key, ours or a library's (fla-core's GDN prompt kernels
+were 59 of a 27B start's 170 compilations on the twenty-fifth run's H100), first compiles
+every candidate its pruning keeps, side by side, then lets the autotuner time them as before:
+`Autotuner.run` is wrapped for the warm-up's duration, so that after it a launch pays
+nothing; and a tuner of our own has its candidates' kernels compiled side by side
+(`compile_candidates`: each candidate run once where `launch` only submits compilations)
+before it times them.
 NINFER_COMPILE_WORKERS sets the threads (default: the CPUs, at most 16); 1 compiles as Triton
 alone does. Nothing changes under the interpreter.
 """
@@ -59,14 +61,37 @@ def workers() -> int:
 
 @contextmanager
 def warming_up() -> Iterator[None]:
-    """Within: autotuned kernels launched through `launch` compile a new tuning key's
-    candidates side by side before timing them (the engine's start-up warm-up)."""
+    """Within: an autotuned kernel meeting a tuning key the first time compiles its
+    candidates side by side before its autotuner times them (the engine's start-up
+    warm-up): `Autotuner.run` is wrapped until the outermost warm-up ends."""
     global _warming
-    before, _warming = _warming, True
+    if _warming or triton is None or workers() == 1:
+        yield
+        return
+    run = Autotuner.run
+
+    def compiled_ahead_run(tuner: Autotuner, *args: Any, **kwargs: Any) -> Any:
+        if not _ahead and not kwargs.get("warmup") and "grid" in kwargs:
+            _compile_new_key(tuner, args, kwargs)
+        return run(tuner, *args, **kwargs)
+
+    _warming, Autotuner.run = True, compiled_ahead_run
     try:
         yield
     finally:
-        _warming = before
+        _warming, Autotuner.run = False, run
+
+
+def _compile_new_key(tuner: Autotuner, args: tuple, kwargs: dict) -> None:
+    """The candidates of `tuner` for the key of this launch compiled side by side, the first
+    time the key is met (the launch's kwargs hold Triton's grid and warmup flag)."""
+    key = (id(tuner), tuning_key(tuner, args, kwargs))
+    if key in _tuned_keys:
+        return
+    _tuned_keys.add(key)
+    rest = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+    with _compiling_ahead():
+        _submit(tuner, kwargs["grid"], args, rest)
 
 
 def compile_candidates(run: Callable[[Any], None], candidates: Iterable[Any]) -> None:
@@ -97,19 +122,11 @@ def _compiling_ahead() -> Iterator[None]:
 
 
 def launch(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
-    """`kernel[grid](*args, **kwargs)`, a @triton.jit or @triton.autotune kernel: inside
-    `compile_candidates` only compiled (every candidate of an autotuned one); inside
-    `warming_up`, an autotuned kernel meeting a tuning key the first time has its candidates
-    compiled side by side before its autotuner times them."""
+    """`kernel[grid](*args, **kwargs)`, a @triton.jit or @triton.autotune kernel; inside
+    `compile_candidates` only compiled (every candidate of an autotuned one)."""
     if _ahead:
         _submit(kernel, grid, args, kwargs)
         return
-    if _warming and isinstance(kernel, Autotuner) and workers() > 1:
-        key = (id(kernel), tuning_key(kernel, args, kwargs))
-        if key not in _tuned_keys:
-            _tuned_keys.add(key)
-            with _compiling_ahead():
-                _submit(kernel, grid, args, kwargs)
     kernel[grid](*args, **kwargs)
 
 
