@@ -124,6 +124,16 @@ def test_a_library_s_kernel_launched_directly_compiles_ahead_too(on) -> None:
     assert [c[0] for c in calls] == ["launch"]
 
 
+def test_a_key_the_tuner_has_chosen_for_already_compiles_nothing_ahead(warming) -> None:
+    """fla-core's autotuners may load a shipped choice for a key before `Autotuner.run`: then
+    only that config compiles, at the launch."""
+    calls: list = []
+    kernel, x = Tuned(calls), torch.zeros(4)
+    kernel.cache = {compile_ahead.tuning_key(kernel, (x, 64), {"BLOCK": 16}): "chosen"}
+    kernel[(2,)](x, 64, BLOCK=16)
+    assert [c[0] for c in calls] == ["launch"]
+
+
 def test_off_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compile_ahead, "workers", lambda: 1)
     calls: list = []

@@ -84,9 +84,12 @@ def warming_up() -> Iterator[None]:
 
 def _compile_new_key(tuner: Autotuner, args: tuple, kwargs: dict) -> None:
     """The candidates of `tuner` for the key of this launch compiled side by side, the first
-    time the key is met (the launch's kwargs hold Triton's grid and warmup flag)."""
-    key = (id(tuner), tuning_key(tuner, args, kwargs))
-    if key in _tuned_keys:
+    time the key is met and unless the tuner holds a choice for it already (fla-core's
+    autotuners load shipped choices for some GPUs before `Autotuner.run`); the launch's
+    kwargs hold Triton's grid and warmup flag."""
+    tuning = tuning_key(tuner, args, kwargs)
+    key = (id(tuner), tuning)
+    if key in _tuned_keys or tuning in getattr(tuner, "cache", {}):
         return
     _tuned_keys.add(key)
     rest = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
