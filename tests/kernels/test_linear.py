@@ -401,7 +401,9 @@ def test_decode_dots(scheme: str, dots: int) -> None:
 
 def test_chosen_decode_plan_is_the_one_the_call_tuned() -> None:
     """The plan a decode call settled on is found again by weight and activation rows (per
-    row tile: 8 rows and 16 rows are tuned apart)."""
+    row tile: 8 rows and 16 rows are tuned apart; one row, a lone request's decode step, is
+    tuned apart from the rest of its tile, whose first call in the engine's warm-up is a
+    short prompt step)."""
     w = packed("nvfp4", 48, 512)
     x = rand(3, 512, dtype=HALF)
     assert quant_linear.chosen_decode_plan(w, x) is None
@@ -411,6 +413,11 @@ def test_chosen_decode_plan_is_the_one_the_call_tuned() -> None:
         48, 512, 0, torch.device(DEVICE))
     assert quant_linear.chosen_decode_plan(w, rand(8, 512, dtype=HALF)) is plan
     assert quant_linear.chosen_decode_plan(w, rand(9, 512, dtype=HALF)) is None
+    one = rand(1, 512, dtype=HALF)
+    assert quant_linear.chosen_decode_plan(w, one) is None
+    quant_linear.packed_linear(one, w)
+    assert quant_linear.chosen_decode_plan(w, one) is not None
+    assert len(quant_linear._decode_plans) == 2
 
 
 @pytest.mark.parametrize("rows", [1, 5])

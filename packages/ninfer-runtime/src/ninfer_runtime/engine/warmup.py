@@ -10,10 +10,10 @@ start tune before it serves.
 The keys that change from step to step depend on the step's shape alone:
 - its N tokens: the packed GEMM's row bucket, next_power_of_2(N) for SKINNY_MAX_M < N <
   DEQUANT_MIN_M (ops.quant_linear; fewer rows take the decode GEMV, tuned once per weight
-  and row tile, `decode_rows`; more a dequantized cuBLAS GEMM, untuned), and the MoE
-  experts' path, block rows (ops.moe) or, at decode sizes, the power of two of N its
-  tensor-core stages are tuned for, or for long prompts the dequantized path (untuned, but
-  its kernels compile on first use);
+  and row tile, one row apart, `decode_plan_rows`; more a dequantized cuBLAS GEMM,
+  untuned), and the MoE experts' path, block rows (ops.moe) or, at decode sizes, the power
+  of two of N its tensor-core stages are tuned for, or for long prompts the dequantized path
+  (untuned, but its kernels compile on first use);
 - N and its B segments: the attention launch plan, BLOCK_M and NUM_SPLITS (ops.attention).
 The cached context before a chunk changes none of them (attention is causal whatever it is),
 the other keys are the model's sizes (GDN's chunked kernel, the decode GEMVs, the MoE GEMV),
@@ -37,7 +37,7 @@ from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.engine.config import EngineConfig
 from ninfer_runtime.ops.attention import launch_plan
 from ninfer_runtime.ops.moe import DECODE_MAX_TOKENS, dequantizes_experts, grouped_block_m
-from ninfer_runtime.ops.quant_linear import DEQUANT_MIN_M, SKINNY_MAX_M, decode_rows
+from ninfer_runtime.ops.quant_linear import DEQUANT_MIN_M, SKINNY_MAX_M, decode_plan_rows
 
 Keys = frozenset[tuple[str, object]]  # (kernel, the shape-dependent part of its key)
 
@@ -79,7 +79,7 @@ class WarmupStep:
 def step_keys(num_tokens: int, num_seqs: int, model: ModelConfig, gpu: Gpu) -> Keys:
     """The keys of a step of this shape that vary with it, on `gpu`."""
     n = num_tokens
-    gemm = ("gemv", decode_rows(n)) if n <= SKINNY_MAX_M else "cublas" if n >= DEQUANT_MIN_M \
+    gemm = ("gemv", decode_plan_rows(n)) if n <= SKINNY_MAX_M else "cublas" if n >= DEQUANT_MIN_M \
         else 1 << (n - 1).bit_length()
     nkv = model.num_key_value_heads
     plan = launch_plan(n, num_seqs, model.num_attention_heads // nkv, nkv, gpu.num_sms)

@@ -134,6 +134,18 @@ def decode_rows(m: int) -> int:
     return 8 if m <= 8 else 16
 
 
+def decode_plan_rows(m: int) -> tuple[int, bool]:
+    """What a decode plan is tuned for, at m activation rows: the row tile (`decode_rows`)
+    and whether m is one row, a lone request's decode step, which gets a plan of its own.
+
+    A row tile's plan was tuned on its first call and then served every M of the tile; in the
+    engine's warm-up that call is a short prompt step (5 rows on the 27B), whose larger K-split
+    parts favour fewer splits: the plans it picked (gate|up unsplit, 52.8 us a one-row call
+    against 46.2 for 4 splits) decoded the 27B at C = 1 2.7% slower than the one-row-fastest
+    ones (docs/perf.md, twenty-fifth run). The warm-up's decode steps meet the one-row plan."""
+    return decode_rows(m), m == 1
+
+
 @dataclass(frozen=True)
 class _Layout:
     scheme: int  # the kernels' SCHEME constexpr
@@ -458,10 +470,10 @@ def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: b
 
 def _decode_plan(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool = False
                  ) -> DecodePlan:
-    """The plan for this weight shape and row tile: every candidate timed as CUDA-graph
-    replays streaming over copies of the weight on the first call (before any graph captures
-    the step, as the engine's warm-up guarantees), then reused for every M of that row
-    tile."""
+    """The plan for this weight shape and x's rows (`decode_plan_rows`): every candidate
+    timed as CUDA-graph replays streaming over copies of the weight on the first call (before
+    any graph captures the step, as the engine's warm-up guarantees), then reused for every M
+    of the same tile (one row apart)."""
     n, k = out.shape[1], ops.words.shape[1] * 8
     return tuned_plan(_decode_plans, _decode_key(n, k, ops.layout, x),
                       lambda: decode_candidates(n, k, ops.layout.scheme, x.device),
@@ -470,9 +482,10 @@ def _decode_plan(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: boo
 
 
 def _decode_key(n: int, k: int, layout: _Layout, x: torch.Tensor) -> tuple:
-    """The decode tuner's key: the weight's shape and scheme, the row tile of x's rows, x's
-    dtype and device, and whether the kernel prefetches (plans are timed with it)."""
-    return (n, k, decode_rows(x.shape[0]), layout.scheme, x.dtype, l2_prefetch(x.device),
+    """The decode tuner's key: the weight's shape and scheme, what x's rows are tuned for
+    (`decode_plan_rows`), x's dtype and device, and whether the kernel prefetches (plans are
+    timed with it)."""
+    return (n, k, *decode_plan_rows(x.shape[0]), layout.scheme, x.dtype, l2_prefetch(x.device),
             x.device)
 
 
@@ -523,12 +536,9 @@ def _streaming_times(options: list, runs: list[Callable[[object], None]]) -> lis
     right after the small kernel before it, and so do these calls. The previous timing (one
     weight, each call behind a read of twice the L2, one measurement a candidate) ranked the
     27B's 5120 x 6144 candidates within 0.5 us of one another where calls streaming over
-    copies differed by 2.8 us, and in the engine's warm-up it picked the first candidate on 3
-    of the 27B's 6 shapes (the probe's rounds, on 1 of 18), gate|up's at 52.8 us streaming
-    against 46.2: its plans decoded the 27B 2.7% slower than the streaming-fastest ones
-    (docs/perf.md, twenty-fifth run). What favoured the first is not known (the GPU's clocks
-    after the idle of the compilations are a guess); with rounds, whatever one moment gives a
-    candidate does not decide."""
+    copies differed by 2.8 us (docs/perf.md, twenty-fifth run; the engine's picks there
+    differed more for another reason, `decode_plan_rows`). Rounds keep whatever one moment
+    gives a candidate from deciding."""
     from triton.testing import do_bench_cudagraph
 
     compile_candidates(runs[0], options)  # built side by side, then timed one by one
