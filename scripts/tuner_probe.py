@@ -10,22 +10,20 @@ plans this probe found fastest (docs/perf.md, twenty-fifth run).
 For every 27B decode shape this prints, per candidate, the tuner's time in each of --rounds
 calls of its timing (an asterisk on the candidate each picks) and the time of calls streaming
 over random weight copies beyond the L2 (`ninfer-bench kernels`' measure; a plus on the
-fastest), so that the tuner's pick can be compared with the best and with itself. --idle S
-lets the GPU idle S seconds before each call, as the engine's warm-up tunes right after
-compiling (the twenty-fifth run's engine favoured the first candidate timed). With --home
-DIR, each shape's streaming-fastest candidate is stored as the tuner's choice in DIR's tuning
-cache (`ops.tuning_cache`), so that an engine started with NINFER_HOME=DIR decodes with those
-plans (`gpu_measure.sh tprobe eng27best`):
+fastest), so that the tuner's pick can be compared with the best and with itself; `--m 1,5`
+shows how the ranking moves with the rows (the twenty-fifth run's engine had tuned its
+one-row plans at 5 rows, `quant_linear.decode_plan_rows`). With --home DIR, each shape's
+streaming-fastest candidate is stored as the tuner's choice in DIR's tuning cache
+(`ops.tuning_cache`), so that an engine started with NINFER_HOME=DIR decodes with those plans
+(`gpu_measure.sh tprobe eng27best`):
 
     python3 scripts/tuner_probe.py [--rounds 3] [--schemes nvfp4] [--m 1] [--home DIR]
-        [--idle S]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import torch
 
@@ -34,11 +32,10 @@ from ninfer_runtime.ops import quant_linear as ql
 from ninfer_runtime.ops import tuning_cache
 
 
-def probe(label: str, ws: list, m: int, rounds: int, gen: torch.Generator, keep: bool,
-          idle: float) -> list[str]:
+def probe(label: str, ws: list, m: int, rounds: int, gen: torch.Generator, keep: bool
+          ) -> list[str]:
     """The table rows of one weight shape (ws: its copies) at m activation rows; keep: store
-    the streaming-fastest candidate in the tuning cache (NINFER_HOME); idle: seconds the GPU
-    waits before each round of the tuner's timing."""
+    the streaming-fastest candidate in the tuning cache (NINFER_HOME)."""
     n, k = ws[0].shape
     ops = ql._operands(ws[0])
     x = torch.randn(m, k, device=gen.device, generator=gen).to(torch.bfloat16)
@@ -46,11 +43,7 @@ def probe(label: str, ws: list, m: int, rounds: int, gen: torch.Generator, keep:
     options = ql.decode_candidates(n, k, ops.layout.scheme, x.device)
 
     runs = [lambda c, o=o: ql._run_decode(x, o, out, c) for o in ql._weight_copies(ops, x.device)]
-    timed = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        time.sleep(idle)
-        timed.append([t * 1e3 for t in ql._streaming_times(options, runs)])
+    timed = [[t * 1e3 for t in ql._streaming_times(options, runs)] for _ in range(rounds)]
     del runs
     key = ql._decode_key(n, k, ops.layout, x)
     streaming = []
@@ -79,9 +72,6 @@ def main() -> None:
     p.add_argument("--schemes", default="nvfp4")
     p.add_argument("--m", default="1")
     p.add_argument("--home", help="store the streaming-fastest plans in this NINFER_HOME")
-    p.add_argument("--idle", type=float, default=0.0,
-                   help="seconds the GPU idles before each tuning round (as after the "
-                        "compilations the engine's tuner follows)")
     args = p.parse_args()
     if args.home:
         os.environ["NINFER_HOME"] = args.home
@@ -90,8 +80,7 @@ def main() -> None:
              "|---|---|---|---|---|"]
     for shape, scheme, ws in model_weights("27B", args.schemes.split(","), "cuda", gen):
         for m in (int(v) for v in args.m.split(",")):
-            lines += probe(f"{shape} {scheme}", ws, m, args.rounds, gen, bool(args.home),
-                           args.idle)
+            lines += probe(f"{shape} {scheme}", ws, m, args.rounds, gen, bool(args.home))
         del ws  # before model_weights builds the next shape's copies
     save_table(lines, "tuner_probe.md")
 
