@@ -197,7 +197,10 @@ def test_tuned_choices_name_each_plan_and_config(monkeypatch: pytest.MonkeyPatch
     config = quant_linear.DecodeConfig(128, 256, 4, 3, 2)
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(quant_linear, "_decode_plans", {
-        (5120, 17408, 8, 0, torch.bfloat16, cuda): quant_linear.DecodePlan(config, 1024, 17)})
+        (5120, 17408, 8, False, 0, torch.bfloat16, False, cuda):
+            quant_linear.DecodePlan(config, 1024, 17),
+        (5120, 17408, 8, True, 0, torch.bfloat16, False, cuda):
+            quant_linear.DecodePlan(config, 2560, 7)})
     monkeypatch.setattr(moe, "_stage_plans", {
         (1, 8, 512, 2048, 0, True, torch.bfloat16, cuda): moe._StagePlan(config, 2)})
     monkeypatch.setattr(attention._paged_attention_kernel, "cache", {
@@ -206,11 +209,13 @@ def test_tuned_choices_name_each_plan_and_config(monkeypatch: pytest.MonkeyPatch
     lines = tuned_choices()
     assert lines[0] == ("decode GEMV 5120 x 17408, 8-row tile: BN 128 BK 256, 4 warps, "
                         "3 stages, 2 dots, 17 splits")
-    assert lines[1].startswith("MoE gate_up stage 512 x 2048, 1 tokens x top-8: BN 128")
-    assert lines[2].startswith("paged attention BLOCK_M 16, GROUP_HEADS 6, HEAD_DIM 256, "
+    assert lines[1] == ("decode GEMV 5120 x 17408, one row: BN 128 BK 256, 4 warps, "
+                        "3 stages, 2 dots, 7 splits")
+    assert lines[2].startswith("MoE gate_up stage 512 x 2048, 1 tokens x top-8: BN 128")
+    assert lines[3].startswith("paged attention BLOCK_M 16, GROUP_HEADS 6, HEAD_DIM 256, "
                                "QUANT True, NUM_SPLITS 64, CAUSAL True, HAS_WINDOW False, "
                                "ASM True: ")
-    assert "PREFETCH: True" in lines[2] and len(lines) == 3
+    assert "PREFETCH: True" in lines[3] and len(lines) == 4
 
 
 def test_the_kernel_breakdown_counts_each_kernels_launches() -> None:

@@ -189,14 +189,16 @@ def triton_compiles() -> Iterator[list[Compilation]]:
 
 def tuned_choices() -> list[str]:
     """What the start-up's tuning picked, a line each: every decode GEMV plan (weight N x K,
-    row tile), MoE expert stage plan and paged-attention config (its autotune key), so a
-    report shows which candidates win and which are never chosen."""
+    row tile or one row, `quant_linear.decode_plan_rows`), MoE expert stage plan and
+    paged-attention config (its autotune key), so a report shows which candidates win and
+    which are never chosen."""
     from ninfer_runtime.ops import attention, moe, quant_linear
 
     lines = []
-    for (n, k, rows, *_), plan in quant_linear._decode_plans.items():
+    for (n, k, rows, one_row, *_), plan in quant_linear._decode_plans.items():
         c = plan.config
-        lines.append(f"decode GEMV {n} x {k}, {rows}-row tile: BN {c.bn} BK {c.bk}, "
+        shown = "one row" if one_row else f"{rows}-row tile"
+        lines.append(f"decode GEMV {n} x {k}, {shown}: BN {c.bn} BK {c.bk}, "
                      f"{c.warps} warps, {c.stages} stages, {c.dots} dots, {plan.splits} splits")
     for (tokens, top_k, n, k, _, swiglu, *_), stage in moe._stage_plans.items():
         c = stage.config
