@@ -42,7 +42,7 @@ def probe(label: str, ws: list, m: int, rounds: int, gen: torch.Generator, keep:
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     options = ql.decode_candidates(n, k, ops.layout.scheme, x.device)
 
-    runs = [lambda c, o=o: ql._run_decode(x, o, out, c) for o in ql._weight_copies(ops, x.device)]
+    runs = ql.decode_runs(x, ops, out)
     timed = [[t * 1e3 for t in ql._streaming_times(options, runs)] for _ in range(rounds)]
     del runs
     key = ql._decode_key(n, k, ops.layout, x)

@@ -477,8 +477,15 @@ def _decode_plan(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: boo
     n, k = out.shape[1], ops.words.shape[1] * 8
     return tuned_plan(_decode_plans, _decode_key(n, k, ops.layout, x),
                       lambda: decode_candidates(n, k, ops.layout.scheme, x.device),
-                      lambda: [lambda c, o=o: _run_decode(x, o, out, c, swiglu)
-                               for o in _weight_copies(ops, x.device)], x.device)
+                      lambda: decode_runs(x, ops, out, swiglu), x.device)
+
+
+def decode_runs(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool = False
+                ) -> list[Callable[[DecodePlan], None]]:
+    """What the decode tuner times: a call of a candidate plan on the weight, then on each of
+    its stand-ins (`_weight_copies`)."""
+    return [lambda c, o=o: _run_decode(x, o, out, c, swiglu)
+            for o in _weight_copies(ops, x.device)]
 
 
 def _decode_key(n: int, k: int, layout: _Layout, x: torch.Tensor) -> tuple:
