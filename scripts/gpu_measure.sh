@@ -120,6 +120,11 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
     # (eng27retune.2) to see whether the tuner picks the same plans and decode speed
     eng27retune) NINFER_HOME=$(mktemp -d) engine 300 qwen3_6_27b_nvfp4 --concurrency 1 \
                    --no-breakdown --output "$out/retune" ;;
+    # the same without the tuner's wave-split candidates (NINFER_DECODE_WAVE_SPLIT=0), its A/B
+    eng27nowave) NINFER_DECODE_WAVE_SPLIT=0 NINFER_HOME=$(mktemp -d) engine 300 qwen3_6_27b_nvfp4 \
+                   --concurrency 1 --no-breakdown --output "$out/nowave" ;;
+    eng35nowave) NINFER_DECODE_WAVE_SPLIT=0 engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \
+                   --no-breakdown --output "$out/nowave" ;;
     # the 27B with the decode plans tprobe found fastest streaming (run tprobe first)
     eng27best) NINFER_HOME=$ART/best-home engine 300 qwen3_6_27b_nvfp4 --concurrency 1 \
                  --no-breakdown --output "$out/best" ;;

@@ -347,17 +347,36 @@ def test_decode_prefetches_only_16_byte_aligned_row_ranges(
 
 
 def test_decode_candidates_cover_every_config_and_split_target() -> None:
-    """The decode tuner's choices: each config with the K split of each target (distinct
-    splits only), the default first."""
+    """The decode tuner's choices: each config with the K split of each target and its wave
+    split (distinct splits only), the default first."""
     device = torch.device(DEVICE)
     n, k = (256, 8192) if DEVICE == "cpu" else (5120, 17408)  # the interpreter has 4 "SMs"
     plans = quant_linear.decode_candidates(n, k, 0, device)
-    splits = list(dict.fromkeys(quant_linear.k_split(n, k, device, t)
-                                for t in quant_linear.SPLIT_TARGETS))
+    targets = [quant_linear.k_split(n, k, device, t) for t in quant_linear.SPLIT_TARGETS]
     configs = list(dict.fromkeys(p.config for p in plans))
-    assert [(p.split_len, p.splits) for p in plans] == splits * len(configs)
+    want = [(c, split) for c in configs for split in dict.fromkeys(
+        [*targets, quant_linear.wave_split(n, k, device, c.bn, c.per_sm)])]
+    assert [(p.config, (p.split_len, p.splits)) for p in plans] == want
     assert (plans[0].split_len, plans[0].splits) == quant_linear.k_split(n, k, device)
-    assert len(splits) == 2 and splits[1][1] > splits[0][1]  # more programs at 16 per SM
+    assert len(set(targets)) == 2 and targets[1][1] > targets[0][1]  # more programs at 16
+
+
+@pytest.mark.parametrize(("n", "k", "splits"), [
+    (5120, 17408, 9),  # down: 360 programs, one wave (14 splits take 1.4, 7 fill 0.7)
+    (5120, 6144, 8),  # out_proj / o_proj: 320 programs of 3 chunks, where 6 splits walk 4
+    (34816, 5120, 4),  # gate|up: 3 waves of 5 chunks beat 1 split's 21 and 10 splits' 7 x 3
+    (16384, 5120, 3),  # in_proj_qkvz: 384 programs, one wave
+    (248320, 5120, 1),  # lm_head: 5 waves already; splitting only adds programs
+])
+def test_wave_split_fills_whole_waves(monkeypatch: pytest.MonkeyPatch, n: int, k: int,
+                                      splits: int) -> None:
+    """On an H100 (132 SMs, 3 programs of BN 128 each) the wave split of each 27B decode
+    shape: the fastest split the twenty-sixth run measured where the tuner's targets reach
+    it, one full wave where they do not."""
+    monkeypatch.setattr(quant_linear, "_sm_count", lambda device: 132)
+    split_len, got = quant_linear.wave_split(n, k, torch.device("cpu"), 128, 3)
+    assert got == splits
+    assert split_len % 256 == 0 and (got - 1) * split_len < k <= got * split_len
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

@@ -110,6 +110,9 @@ DECODE_ASM = True
 # whole row tiles load without row masks (decode_tile's EVEN_N); NINFER_DECODE_EVEN_N=0 keeps
 # the masks, the A/B of that change on the GPU
 DECODE_EVEN_N = os.environ.get("NINFER_DECODE_EVEN_N", "1") != "0"
+# the tuner's candidates include each config's `wave_split`; NINFER_DECODE_WAVE_SPLIT=0 leaves
+# it out, the A/B of that change on the GPU
+DECODE_WAVE_SPLIT = os.environ.get("NINFER_DECODE_WAVE_SPLIT", "1") != "0"
 _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 # programs per SM the K split may aim at (counted with BN = 64); the decode tuner times each
 # with each config, the first being the default (the H200 sweep, scripts/split_sweep.py,
@@ -369,6 +372,29 @@ def k_split(n: int, k: int, device: torch.device, target: int = SPLIT_TARGETS[0]
     return split_len, triton.cdiv(k, split_len)
 
 
+def wave_split(n: int, k: int, device: torch.device, tile_rows: int, per_sm: int
+               ) -> tuple[int, int]:
+    """(split_len, splits) of the decode kernel's K for a grid in whole waves: of every split
+    (K chunks of whole granules, at most _MAX_SPLITS), the one whose busiest program slot
+    (`per_sm` programs an SM) takes the fewest chunk-walks, waves x (granules a program + 1),
+    fewer programs among equals. The + 1 is a program's own cost (filling its pipeline,
+    adding the parts): on the H100 (docs/perf.md, twenty-sixth run) this picks the fastest
+    measured split of every 27B shape the tuner's targets reach (gate|up 4, in_proj_qkvz 3,
+    lm_head 1) and offers the one-wave splits the targets miss (down 9 splits where 14 take
+    1.4 waves, out_proj 8 where 6 fill 0.6 of one)."""
+    tiles = triton.cdiv(n, tile_rows)
+    granules = triton.cdiv(k, _SPLIT_GRANULE)
+    slots = per_sm * _sm_count(device)
+
+    def walks(chunk: int) -> tuple[int, int]:
+        splits = triton.cdiv(granules, chunk)
+        return triton.cdiv(tiles * splits, slots) * (chunk + 1), splits
+
+    chunk = min(range(triton.cdiv(granules, _MAX_SPLITS), granules + 1), key=walks)
+    split_len = chunk * _SPLIT_GRANULE
+    return split_len, triton.cdiv(k, split_len)
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     bn: int  # output rows per program
@@ -376,6 +402,9 @@ class DecodeConfig:
     warps: int
     stages: int
     dots: int = 8  # tensor-core dots per K tile (each over 8 / dots code positions)
+    # programs an SM holds (registers, shared memory) at one activation row: sm_90, Triton
+    # 3.6, `scripts/sass_report.py`; sizes `wave_split`'s candidate
+    per_sm: int = 3
 
 
 @dataclass(frozen=True)
@@ -415,11 +444,11 @@ class DecodePlan:
 # with masks, the scales a tile ahead; 2.71-2.80 and 96-125) ran the 27B 1.1% faster and the
 # 35B 7.3% slower.
 DECODE_CONFIGS = {
-    _NVFP4_ID: [DecodeConfig(bn, bk, w, s, d) for bn, bk, w, s, d in (
-        (128, 256, 4, 3, 8), (128, 256, 4, 2, 8), (128, 256, 4, 3, 2), (64, 256, 4, 4, 4),
-        (64, 256, 4, 4, 8))],
-    _INT_ID: [DecodeConfig(bn, GROUP_BK, w, s, d) for bn, w, s, d in (
-        (128, 4, 4, 2), (128, 4, 3, 2), (64, 4, 4, 2), (64, 4, 3, 2))],
+    _NVFP4_ID: [DecodeConfig(bn, bk, w, s, d, p) for bn, bk, w, s, d, p in (
+        (128, 256, 4, 3, 8, 3), (128, 256, 4, 2, 8, 3), (128, 256, 4, 3, 2, 3),
+        (64, 256, 4, 4, 4, 5), (64, 256, 4, 4, 8, 5))],
+    _INT_ID: [DecodeConfig(bn, GROUP_BK, w, s, d, p) for bn, w, s, d, p in (
+        (128, 4, 4, 2, 7), (128, 4, 3, 2, 7), (64, 4, 4, 2, 9), (64, 4, 3, 2, 9))],
 }
 # the interpreter's cost grows with programs and ops a program: wide tiles and 2 dots (the
 # engine tests' tiny models in half the time; their weights still span several tiles)
@@ -433,11 +462,16 @@ _decode_plans: dict[tuple, DecodePlan] = {}
 
 
 def decode_candidates(n: int, k: int, scheme: int, device: torch.device) -> list[DecodePlan]:
-    """Every (config, K split) the decode tuner may pick for an [n, k] weight; the first is
-    the default."""
+    """Every (config, K split) the decode tuner may pick for an [n, k] weight: each config
+    with the K split of each of SPLIT_TARGETS and its `wave_split` (distinct splits only);
+    the first is the default."""
     configs = [_INTERPRETER_CONFIGS[scheme]] if INTERPRET else DECODE_CONFIGS[scheme]
-    splits = dict.fromkeys(k_split(n, k, device, t) for t in SPLIT_TARGETS)
-    return [DecodePlan(c, *split) for c in configs for split in splits]
+    targets = [k_split(n, k, device, t) for t in SPLIT_TARGETS]
+    plans = []
+    for c in configs:
+        waves = [wave_split(n, k, device, c.bn, c.per_sm)] if DECODE_WAVE_SPLIT else []
+        plans += [DecodePlan(c, *split) for split in dict.fromkeys([*targets, *waves])]
+    return plans
 
 
 def swiglu_decode(x: torch.Tensor, w: PackedWeight, spec: tuple[int, bool]
