@@ -371,8 +371,8 @@ def test_decode_candidates_cover_every_config_and_split_target() -> None:
 def test_wave_split_fills_whole_waves(monkeypatch: pytest.MonkeyPatch, n: int, k: int,
                                       splits: int) -> None:
     """On an H100 (132 SMs, 3 programs of BN 128 each) the wave split of each 27B decode
-    shape: the fastest split the twenty-sixth run measured where the tuner's targets reach
-    it, one full wave where they do not."""
+    shape: the targets' fastest split where they reach it (twenty-sixth run), one full wave
+    where they do not."""
     monkeypatch.setattr(quant_linear, "_sm_count", lambda device: 132)
     split_len, got = quant_linear.wave_split(n, k, torch.device("cpu"), 128, 3)
     assert got == splits

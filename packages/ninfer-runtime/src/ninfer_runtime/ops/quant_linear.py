@@ -377,11 +377,11 @@ def wave_split(n: int, k: int, device: torch.device, tile_rows: int, per_sm: int
     """(split_len, splits) of the decode kernel's K for a grid in whole waves: of every split
     (K chunks of whole granules, at most _MAX_SPLITS), the one whose busiest program slot
     (`per_sm` programs an SM) takes the fewest chunk-walks, waves x (granules a program + 1),
-    fewer programs among equals. The + 1 is a program's own cost (filling its pipeline,
-    adding the parts): on the H100 (docs/perf.md, twenty-sixth run) this picks the fastest
-    measured split of every 27B shape the tuner's targets reach (gate|up 4, in_proj_qkvz 3,
-    lm_head 1) and offers the one-wave splits the targets miss (down 9 splits where 14 take
-    1.4 waves, out_proj 8 where 6 fill 0.6 of one)."""
+    fewer programs among equals (the + 1: a program's own cost, filling its pipeline and
+    adding the parts). A candidate, not a rule: on the H100 (docs/perf.md, twenty-seventh
+    run) it gives the targets' fastest split on gate|up, in_proj_qkvz and lm_head, and the
+    one-wave splits they miss: down's 9 splits beat 14 and 7 by 0.6 us a call or more (the
+    tuner's pick), out_proj's 8 lost to 6 by 1-2 us (a whole wave is not the loss there)."""
     tiles = triton.cdiv(n, tile_rows)
     granules = triton.cdiv(k, _SPLIT_GRANULE)
     slots = per_sm * _sm_count(device)
