@@ -13,12 +13,11 @@ the PTX decode, the tensor-core dots) on every 27B decode shape, M = 1, in four 
   and its split reduction;
 - `decode-only`: `_decode_kernel` alone on activation operands prepared once;
 - `decode-nopdl`: the same launched without programmatic dependent launch;
-- `persistent`: `full`'s work units (row tile, K split) walked by one program a slot (the
-  config's programs an SM x the SMs), each its units in one loop over (unit, K tile), so
-  that a unit's first tiles load while the unit before it decodes: is the ~2 us a unit that
-  the twenty-sixth and twenty-seventh runs' call times fit (docs/perf.md) its pipeline fill?
-  (K splits whose K tiles divide evenly only);
-
+- `streamk`: `full`'s K tiles in stream-K order over one program a slot (the config's
+  programs an SM x the SMs; the split ignored), in one loop pipelined across row tiles: a
+  program fills its pipeline once, not once a (row tile, K split), and no slot idles at a
+  last wave. Is the ~2 us a work unit that the twenty-sixth and twenty-seventh runs' call
+  times fit (docs/perf.md) its pipeline fill?
 for the tuner's configs and the ones it dropped after this probe's runs (4 stages, BK 128;
 docs/perf.md, ninth run) or a longer K tile, each at the K split for 4 and 16 programs per
 SM; and the activation pass alone. Times are CUDA-graph replays over weight copies beyond the
@@ -26,8 +25,7 @@ L2, against 4.24 TB/s. (A register cap, `maxnreg` 128, was tried too: no faster.
 
     python3 scripts/decode_probe.py [--shapes gate_up,down] [--modes full,no-dot,no-decode,kernel]
         [--configs 64,128,1,3,8/128,256,4,3,8] [--targets 4,16 | --splits 1-16]
-    python3 scripts/decode_probe.py --shapes gate_up,down,in_proj --modes full,persistent \
-        --splits 1,2,4,5    # the persistent twin against the grid, at even K splits
+    python3 scripts/decode_probe.py --modes full,streamk    # stream-K against the grid
 
 `--configs` replaces the config list (BN,BK,warps,stages,dots each), `--splits` the K split
 targets by split counts (the tenth run timed 1-16: the tuner's two targets come within 2% of
@@ -58,7 +56,8 @@ from ninfer_runtime.ops.quant_decode import nv_operands
 from ninfer_runtime.profiles import get_profile
 
 MODES = {"full": 0, "no-dot": 1, "no-decode": 2, "kernel": 3, "decode-only": 4,
-         "decode-nopdl": 5, "persistent": 6}
+         "decode-nopdl": 5, "streamk": 6}
+_STREAMK_MAXNREG = 168  # 3 programs an SM (`_streamk_kernel`)
 CONFIGS = [*ql.DECODE_CONFIGS[ql._NVFP4_ID]] + [
     ql.DecodeConfig(*args) for args in (
         (128, 256, 4, 4, 8), (128, 128, 4, 4, 2), (64, 512, 4, 3, 8))]
@@ -108,45 +107,58 @@ def _probe_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, st
 
 
 @triton.jit
-def _persistent_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, stride_s,
-                       split_len, splits, units, BM: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, DOTS: tl.constexpr, ASM: tl.constexpr):
-    """`_probe_kernel`'s `full` mode over units pid, pid + P, ... (P programs), one loop over
-    (unit, K tile), which Triton pipelines across units; each unit's part is stored by a
-    store masked to its last tile. sm_90 SASS (Triton 3.6, BN 128, 8 dots): 917-936
-    instructions a K tile against `full`'s 776-793, the rows' addresses recomputed each tile
-    (the grid's programs hoist them out of the loop); the same registers (3 programs an SM)."""
+def _streamk_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, stride_s,
+                    iters, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    DOTS: tl.constexpr, ASM: tl.constexpr):
+    """`full`'s K tiles in stream-K order: each of the P programs walks a contiguous 1/P of
+    the (row tile, K tile) sequence, row tile-major, in one loop that Triton pipelines across
+    row tiles. The weight and scale pointers step a K tile, or at a row tile's end to the
+    next one's start (a uniform step: nothing is recomputed a tile); a row tile's part is
+    stored at its last K tile or the program's end (parts [P, M, N], unreduced as `full`'s).
+    sm_90 SASS (Triton 3.6, BN 128, 8 dots, launched with maxnreg 168): 820-851 instructions
+    a K tile against `full`'s 776-793, 165 registers, 3 programs an SM (175 and 2 without the
+    cap)."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
-    tiles_a_unit = split_len // BK
+    BKW: tl.constexpr = BK // 8
+    BKS: tl.constexpr = BKW // 2
+    k_tiles = K // BK
+    it_lo = pid * iters // programs
+    kt = it_lo % k_tiles
+    rows = it_lo // k_tiles * BN + tl.arange(0, BN)
+    kw = tl.max_contiguous(tl.multiple_of(tl.arange(0, BKW), BKW), BKW)
+    ks = tl.max_contiguous(tl.multiple_of(tl.arange(0, BKS), BKS), BKS)
+    w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_w + kt * BKW + kw[None, :]
+    s_ptrs = s_ptr + rows.to(tl.int64)[:, None] * stride_s + kt * BKS + ks[None, :]
+    w_jump = BN * stride_w - (k_tiles - 1) * BKW
+    s_jump = BN * stride_s - (k_tiles - 1) * BKS
     ms = tl.arange(0, BM)
     m_ok = ms < M
-    row_ok = tl.full((BN,), 1, tl.int1)
     acc = tl.zeros((BN, BM), tl.float32)
-    unit = pid
-    kt = 0
-    for _ in range(0, tl.cdiv(units - pid, programs) * tiles_a_unit):
-        tile = unit // splits
-        split = unit - tile * splits
-        rows = tile * BN + tl.arange(0, BN)
-        k_lo = split * split_len
-        acc = ql.decode_tile(acc, xo_ptr, inv_ptr, inv_ptr, w_ptr, s_ptr, s_ptr,
-                             rows.to(tl.int64), row_ok, ms, m_ok, M, K, k_lo + kt * BK,
-                             k_lo + split_len, stride_w, stride_s, 0, 2, ASM, True, True, BK,
-                             DOTS)
-        last = (tl.zeros_like(ms) + kt == tiles_a_unit - 1)[None, :]  # [1, BM], all alike
-        offs = split * M * N + ms[None, :] * N + rows[:, None]
-        tl.store(part_ptr + offs, acc, mask=m_ok[None, :] & last)
+    for _ in range(it_lo, (pid + 1) * iters // programs):
+        words = tl.load(w_ptrs).to(tl.uint32, bitcast=True)
+        scale = tl.load(s_ptrs)
+        o = nv_operands(words, ql._per_word(scale.to(tl.uint8, bitcast=True), 2), ASM)
+        d = ql._dots(o, tl.zeros(acc.shape, tl.float32), xo_ptr, ms, m_ok, M, K, kt * BK, K,
+                     True, BKW, DOTS)
+        acc += d * tl.load(inv_ptr + kt * M + ms, mask=m_ok, other=0.0)[None, :]
+        wrap = kt == k_tiles - 1
+        last = (tl.zeros_like(ms) + kt == k_tiles - 1)[None, :]  # [1, BM], all alike
+        tl.store(part_ptr + pid * M * N + ms[None, :] * N + rows[:, None], acc,
+                 mask=m_ok[None, :] & last)
         acc = tl.where(last, 0.0, acc)
-        wrap = kt == tiles_a_unit - 1
-        unit = tl.where(wrap, unit + programs, unit)
+        w_ptrs += tl.where(wrap, w_jump, BKW)
+        s_ptrs += tl.where(wrap, s_jump, BKS)
+        rows = tl.where(wrap, rows + BN, rows)
         kt = tl.where(wrap, 0, kt + 1)
+    tl.store(part_ptr + pid * M * N + ms[None, :] * N + rows[:, None], acc,
+             mask=m_ok[None, :] & (tl.zeros_like(ms) + kt != 0)[None, :])
 
 
 def _probe_call(ws: list, x: torch.Tensor, xo: torch.Tensor, inv: torch.Tensor,
                 parts: torch.Tensor, c: ql.DecodeConfig, mode: int, split_len: int
                 ) -> Callable[[], None]:
-    """A launch in `mode` (the probe kernel, its persistent twin, the engine's decode call or
+    """A launch in `mode` (the probe kernel, its stream-K twin, the engine's decode call or
     `_decode_kernel` alone) on the next weight copy each time; x [1, K] and its activation
     operands xo, inv, parts [splits, 1, N] fp32."""
     cycle = itertools.cycle(ws)
@@ -156,19 +168,18 @@ def _probe_call(ws: list, x: torch.Tensor, xo: torch.Tensor, inv: torch.Tensor,
     if mode == MODES["kernel"]:
         plan = ql.DecodePlan(c, split_len, splits)
         return lambda: ql._run_decode(x, ql._operands(next(cycle)), out, plan)
-    if mode == MODES["persistent"]:
-        units = n // c.bn * splits
-        programs = min(units, c.per_sm * torch.cuda.get_device_properties(x.device)
-                       .multi_processor_count)
+    if mode == MODES["streamk"]:
+        programs = c.per_sm * torch.cuda.get_device_properties(x.device).multi_processor_count
+        own_parts = torch.empty((programs, 1, n), dtype=torch.float32, device=x.device)
 
-        def persistent() -> None:
+        def streamk() -> None:
             w = next(cycle)
-            _persistent_kernel[(programs,)](
-                xo, inv, w.parts["weight"].view(torch.int32), w.parts["weight_scale"], parts,
-                1, n, k, k // 8, k // 16, split_len, splits, units, BM=ql.decode_rows(1),
-                BN=c.bn, BK=c.bk, DOTS=c.dots, ASM=True, num_warps=c.warps,
-                num_stages=c.stages)
-        return persistent
+            _streamk_kernel[(programs,)](
+                xo, inv, w.parts["weight"].view(torch.int32), w.parts["weight_scale"],
+                own_parts, 1, n, k, k // 8, k // 16, n // c.bn * (k // c.bk),
+                BM=ql.decode_rows(1), BN=c.bn, BK=c.bk, DOTS=c.dots, ASM=True,
+                num_warps=c.warps, num_stages=c.stages, maxnreg=_STREAMK_MAXNREG)
+        return streamk
     if mode in (MODES["decode-only"], MODES["decode-nopdl"]):
         launch = {"GDC": False, "launch_pdl": False} if mode == MODES["decode-nopdl"] \
             else ql.options(x.device)
@@ -230,7 +241,7 @@ def main() -> None:
             _split(k, c.bk, s) for s in counts) if split] if counts else \
             [(c, ql.k_split(n, k, x.device, t, granule=c.bk)) for c in configs for t in targets]
         for (c, (split_len, splits)), mode in itertools.product(grids, args.modes.split(",")):
-            if n % c.bn or k % c.bk or (mode == "persistent" and split_len * splits != k):
+            if n % c.bn or k % c.bk:
                 continue
             op = ql.activation_operands(x, c.bk, False)
             xo, inv = op.xo, op.inv
