@@ -240,12 +240,17 @@ def main() -> None:
         grids = [(c, split) for c in configs for split in dict.fromkeys(
             _split(k, c.bk, s) for s in counts) if split] if counts else \
             [(c, ql.k_split(n, k, x.device, t, granule=c.bk)) for c in configs for t in targets]
+        streamed = set()  # configs timed in stream-K order, which no split changes
         for (c, (split_len, splits)), mode in itertools.product(grids, args.modes.split(",")):
-            if n % c.bn or k % c.bk:
+            if n % c.bn or k % c.bk or (mode == "streamk" and c in streamed):
                 continue
+            if mode == "streamk":
+                streamed.add(c)
+                splits = "stream"
             op = ql.activation_operands(x, c.bk, False)
             xo, inv = op.xo, op.inv
-            parts = torch.empty((splits, 1, n), dtype=torch.float32, device="cuda")
+            parts = torch.empty((1 if mode == "streamk" else splits, 1, n), dtype=torch.float32,
+                                device="cuda")
             call = _probe_call(ws, x, xo, inv, parts, c, MODES[mode], split_len)
             try:
                 us = _timed(call)

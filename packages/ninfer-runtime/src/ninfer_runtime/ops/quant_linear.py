@@ -514,11 +514,12 @@ def _decode_plan(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: boo
                       lambda: decode_runs(x, ops, out, swiglu), x.device)
 
 
-def decode_runs(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool = False
-                ) -> list[Callable[[DecodePlan], None]]:
+def decode_runs(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool = False,
+                operand: DecodeOperand | None = None) -> list[Callable[[DecodePlan], None]]:
     """What the decode tuner times: a call of a candidate plan on the weight, then on each of
-    its stand-ins (`_weight_copies`)."""
-    return [lambda c, o=o: _run_decode(x, o, out, c, swiglu)
+    its stand-ins (`_weight_copies`); with `operand` (x's, made before), without the
+    activation pass."""
+    return [lambda c, o=o: _run_decode(x, o, out, c, swiglu, operand)
             for o in _weight_copies(ops, x.device)]
 
 
