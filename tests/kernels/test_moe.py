@@ -234,7 +234,7 @@ def test_route_with_the_shared_expert(tokens: int) -> None:
 
 
 @pytest.mark.parametrize(("tokens", "shared"), [(1, True), (5, False), (16, True)])
-def test_the_router_routes_in_its_last_program(tokens: int, shared: bool) -> None:
+def test_the_router_routes_in_its_last_row_tile(tokens: int, shared: bool) -> None:
     """`router`: the router's product and routing in one launch give what linear then route
     give, bit for bit, the same for a token alone as in a batch, and leave its counters at
     zero; a prompt's rows (and fp32) take linear and route."""
@@ -309,26 +309,6 @@ def test_the_gate_up_stage_hands_the_down_stage_its_operand(scheme: str, inter: 
     assert torch.equal(handed.xo, expect.xo) and torch.equal(handed.inv, expect.inv)
     assert not handed.sums or torch.equal(handed.xsum, expect.xsum)
     assert not quant_linear.tile_counters(x.device, 1).any()
-
-
-@pytest.mark.parametrize("scheme", ["nvfp4", "int4"])
-def test_the_gate_up_stage_prefetches_the_down_weights_on_hopper(
-        scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`_down_prefetch`: the down stage's weight and scale bytes a row per expert (the
-    gate|up stage asks L2 for them) where bulk prefetches run (sm_90, no interpreter), else
-    nothing; with them the experts' output keeps its bits (nothing else changes)."""
-    x, gate_up, down, weights, ids = experts_case(scheme, 3, 256, 128, HALF, top_k=3)
-    dn = moe._Experts.of(down, "down")
-    got = moe._down_prefetch(dn, x.device)
-    if not moe.bulk_prefetch(x.device):
-        assert got is None
-        return
-    assert got is not None and [t.shape for t in got] == [
-        (8, dn.weight[0].nbytes), (8, dn.scale[0].nbytes)]
-    with_prefetch = moe_experts(x, gate_up, down, weights, ids)
-    monkeypatch.setattr(moe, "MOE_PREFETCH_DOWN", False)
-    assert moe._down_prefetch(dn, x.device) is None
-    assert torch.equal(with_prefetch, moe_experts(x, gate_up, down, weights, ids))
 
 
 # the interpreter casts fp32 to bf16 by truncation: bf16's bits on the GPU only

@@ -47,15 +47,8 @@ def l2_prefetch(device: torch.device) -> bool:
     """Whether kernels on `device` may use `prefetch_to_l2`: off unless NINFER_L2_PREFETCH=1
     (Hopper and later, never under the interpreter). On the H200 it made the 27B decode step
     slower (10.71 ms against 9.83 ms without, docs/perf.md), so it stays for experiments."""
-    return os.environ.get("NINFER_L2_PREFETCH", "0") == "1" and bulk_prefetch(device)
-
-
-@cache
-def bulk_prefetch(device: torch.device) -> bool:
-    """Whether kernels on `device` can issue `prefetch_share` (sm_90 and later, never under
-    the interpreter)."""
-    return (device.type == "cuda" and not INTERPRET
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    return (os.environ.get("NINFER_L2_PREFETCH", "0") == "1" and device.type == "cuda"
+            and not INTERPRET and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -93,25 +86,7 @@ if triton is not None:
         addresses and sizes). Issued before `wait_for_inputs`, a kernel's first weights stream
         in while its predecessor runs, and more of its bytes are in flight at once than a
         pipeline's few stages hold."""
-        _bulk_prefetch(ptrs, tl.minimum(nbytes, _PREFETCH_BYTES // ptrs.numel // 16 * 16))
-
-    @triton.jit
-    def prefetch_share(base, nbytes, share, shares, PIECES: tl.constexpr):
-        """Ask L2 for share `share` of `shares` (about equal, in order) of the `nbytes` bytes
-        at base (16-byte aligned, nbytes a multiple of 16), in PIECES bulk prefetches (one a
-        thread where PIECES is the program's thread count): a grid's programs, each taking
-        its share, request a block of bytes once between them."""
-        piece = tl.cdiv(tl.cdiv(nbytes, shares * PIECES), 16) * 16
-        offs = (share * PIECES + tl.arange(0, PIECES)).to(tl.int64) * piece
-        size = tl.minimum(piece, nbytes - offs)
-        # past the end: the first 16 bytes again (a prefetch takes no mask)
-        ok = size > 0
-        _bulk_prefetch(base + tl.where(ok, offs, 0), tl.where(ok, size, 16).to(tl.int32))
-
-    @triton.jit
-    def _bulk_prefetch(ptrs, nbytes):
-        """sm_90 `cp.async.bulk.prefetch.L2` of nbytes (16-byte multiples) at each of ptrs
-        (16-byte aligned): nothing waits on it."""
+        nbytes = tl.minimum(nbytes, _PREFETCH_BYTES // ptrs.numel // 16 * 16)
         tl.inline_asm_elementwise(
             "cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;", "=r,l,r",
             [ptrs.to(tl.int64, bitcast=True), nbytes], dtype=tl.int32, is_pure=False, pack=1)

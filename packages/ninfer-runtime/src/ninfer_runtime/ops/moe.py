@@ -24,9 +24,7 @@ Each op has a torch reference (`*_ref`, the oracle and the CPU path) and a Trito
   program to arrive, in a fixed order. The gate|up stage also writes the down stage's
   activation operand (the last column tile of each operand group to be stored writes that
   group), and the router's kernel writes gate|up's (`router`): neither stage launches an
-  activation pass. Each gate|up program, its product done, asks L2 for its share of its
-  expert's down weights (`_down_prefetch`): the down stage learns its experts only after its
-  wait and a read of the ids, and then finds their bytes there.
+  activation pass.
 - `moe_experts` for prompts, two paths, each ending in `_combine` (a program per token adds
   its k rows times their routing weights in slot order, fp32, rounded once):
   - in registers: the T*k pairs are sorted by expert into blocks of BLOCK_M rows (`align`:
@@ -55,7 +53,6 @@ applies the group scale to fp32 partial sums instead); the two agree to rounding
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import cache
 
@@ -66,7 +63,7 @@ from ninfer_runtime.ops import quant_linear, skinny_linear
 from ninfer_runtime.ops.activation import silu_and_mul
 from ninfer_runtime.ops.compile_ahead import launch
 from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
-from ninfer_runtime.ops.launch import bulk_prefetch, dot_precision, l2_prefetch, options
+from ninfer_runtime.ops.launch import dot_precision, l2_prefetch, options
 from ninfer_runtime.ops.linear import linear
 from ninfer_runtime.quant import PackedWeight
 
@@ -104,9 +101,6 @@ DEQUANT_MIN_ROWS = 192
 # Up to this many tokens moe_experts takes the GEMV path: a pair's expert is read by its own
 # programs (L2 absorbs repeats of an expert within the step); above it, sorting by expert pays.
 DECODE_MAX_TOKENS = 16
-# the gate|up stage requests the down stage's expert weights into L2 (`_down_prefetch`);
-# NINFER_MOE_PREFETCH_DOWN=0 leaves it out, the A/B of that change on the GPU
-MOE_PREFETCH_DOWN = os.environ.get("NINFER_MOE_PREFETCH_DOWN", "1") != "0"
 
 
 # ---- references ----
@@ -210,22 +204,21 @@ def router(x: torch.Tensor, w: torch.Tensor, top_k: int, shared: bool,
            ) -> tuple[torch.Tensor, torch.Tensor, quant_linear.DecodeOperand | None]:
     """route(linear(x, w), top_k, shared) for x [T, H] and the router's weight w [E (+1), H],
     and x's decode operand of `spec` for the gate|up stage (`gate_up_operand_spec`, or None).
-    At decode sizes one launch (`_router_kernel`: skinny_linear's product, whose last
-    program routes) where linear, route and an activation pass were three; elsewhere those ops
+    At decode sizes one launch (`_router_kernel`: skinny_linear's product, whose last row
+    tile routes) where linear, route and an activation pass were three; elsewhere those ops
     (the operand None). With `columns`, only w's first `columns` rows route: the rest are
     zero rows that align a prompt's logits for its GEMM (models.weights.ROUTER_ROWS)."""
     routed = w[:columns]
     if not (use_triton(x, w) and skinny_linear.applies(x, routed)):
         return (*route(linear(x, w)[:, :columns], top_k, shared), None)
     w = routed
-    launch = skinny_linear.Launch.of(x, w.shape[0], parts_only=True)
+    launch = skinny_linear.Launch.of(x, w.shape[0])
     weights, ids, constexprs = _routing(x.shape[0], w.shape[0], top_k, shared, x.device)
     operand = None if spec is None else quant_linear.DecodeOperand.empty(*x.shape, *spec,
                                                                          x.device)
     buffers, operand_options = skinny_linear.operand_args(x, operand)
-    _router_kernel[launch.grid](x, w, launch.parts, quant_linear.tile_counters(x.device, 1),
-                                *buffers, *launch.sizes(x, w), weights, ids,
-                                **operand_options, **constexprs,
+    _router_kernel[launch.grid](*launch.args(x, w, 1), *buffers, *launch.sizes(x, w), weights,
+                                ids, **operand_options, **constexprs,
                                 **skinny_linear.tile_options(x))
     return weights, ids, operand
 
@@ -530,7 +523,7 @@ def _launch_moe_decode(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeigh
             t * top_k, inter, quant_linear.operand_group(down), quant_linear.needs_group_sums(down),
             x.device)
         _tensor_core_stage(x, gu, hidden, ids, weights, swiglu=True, operand=operand,
-                           hand_on=hidden_operand, prefetch=_down_prefetch(dn, x.device))
+                           hand_on=hidden_operand)
         _tensor_core_stage(hidden, dn, out, ids, weights, swiglu=False, operand=hidden_operand)
         return out
     assert operand is None, "moe_experts: an operand for the CUDA-core stages"
@@ -579,22 +572,10 @@ def _stage_candidates(n: int, k: int, scheme: int, swiglu: bool) -> list[_StageP
             for bn in widths for dots in (2, 8) for splits in (1, 2, 4) if splits <= k_tiles]
 
 
-def _down_prefetch(down: _Experts, device: torch.device) -> tuple[torch.Tensor, ...] | None:
-    """The down stage's packed weight and scale bytes [E, bytes an expert] for the gate|up
-    stage to request into L2 (`_decode_experts_kernel`'s PREFETCH_NEXT), where the GPU can
-    and NINFER_MOE_PREFETCH_DOWN is not 0; else None."""
-    parts = (down.weight, down.scale)
-    if (not MOE_PREFETCH_DOWN or down.scheme == PLAIN or not bulk_prefetch(device)
-            or not all(t.is_contiguous() for t in parts)):
-        return None
-    return tuple(t.view(torch.uint8).reshape(t.shape[0], -1) for t in parts)
-
-
 def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tensor,
                        weights: torch.Tensor, swiglu: bool,
                        operand: quant_linear.DecodeOperand | None = None,
-                       hand_on: quant_linear.DecodeOperand | None = None,
-                       prefetch: tuple[torch.Tensor, ...] | None = None) -> None:
+                       hand_on: quant_linear.DecodeOperand | None = None) -> None:
     """One decode stage on tensor cores, a program per (pair, BN output columns, K split),
     with ops.quant_linear's decode tile on the pair's expert: gate|up (swiglu: out [pairs,
     I] = silu(gate) * up) or down (out [T, H] = the token's pairs summed, routing weights
@@ -602,11 +583,7 @@ def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: tor
     plan (config, splits) is timed per shape on the first call, like the dense decode's; a's
     `operand`, where given, is used instead of the stage's own activation pass. `hand_on`
     (gate|up only): buffers the stage writes its output's operand into (for the down stage),
-    a group by the last of its column tiles to be stored (`_hand_on_operand`). `prefetch`
-    (gate|up only, `_down_prefetch`): the down stage's bytes, which each program, its own
-    product done, requests its share of for its pair's expert into L2, so that the down
-    stage, which can read its experts' weights only once it has waited for its inputs and
-    read the ids, finds them there."""
+    a group by the last of its column tiles to be stored (`_hand_on_operand`)."""
     e, rows, k = w.shape
     n = rows // 2 if swiglu else rows
     # tuned per power of two of the token count (the warm-up meets each, engine.warmup)
@@ -616,7 +593,7 @@ def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: tor
         _stage_plans, key, lambda: _stage_candidates(n, k, w.scheme, swiglu),
         lambda: [lambda c, i=i: _run_stage(a, w, out, i, weights, swiglu, c)
                  for i in _rotated_ids(ids, w)], a.device)
-    _run_stage(a, w, out, ids, weights, swiglu, plan, operand, hand_on, prefetch)
+    _run_stage(a, w, out, ids, weights, swiglu, plan, operand, hand_on)
 
 
 def _rotated_ids(ids: torch.Tensor, w: _Experts) -> list[torch.Tensor]:
@@ -636,8 +613,7 @@ def _rotated_ids(ids: torch.Tensor, w: _Experts) -> list[torch.Tensor]:
 def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tensor,
                weights: torch.Tensor, swiglu: bool, plan: _StagePlan,
                operand: quant_linear.DecodeOperand | None = None,
-               hand_on: quant_linear.DecodeOperand | None = None,
-               prefetch: tuple[torch.Tensor, ...] | None = None) -> None:
+               hand_on: quant_linear.DecodeOperand | None = None) -> None:
     c = plan.config
     assert hand_on is None or (swiglu and hand_on.group % c.bn == 0), \
         "moe_experts: an output operand for gate|up in groups of whole column tiles"
@@ -658,16 +634,13 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
     # arrival counters: (output row, column tile) for the K parts, then (pair, operand group)
     groups = pairs * triton.cdiv(n, hand_on.group) if hand_on else 0
     counters = quant_linear.tile_counters(a.device, outputs * tiles + groups)
-    next_w, next_s = prefetch or (words, words)
     launch(
         _decode_experts_kernel, (pairs, tiles, splits),
         operand.xo, operand.inv, operand.xsum, words, w.scale, w.aux, part_buf, counters, out,
         *quant_linear.operand_buffers(hand_on, out), counters[outputs * tiles:], ids, weights,
         a.shape[0], n, k, top_k,
         words.stride(0), words.stride(1), w.scale.stride(0), w.scale.stride(1),
-        w.aux.stride(0), split_len, next_w, next_s, next_w.stride(0), next_s.stride(0),
-        PREFETCH_NEXT=prefetch is not None, PIECES=32 * c.warps,
-        SWIGLU=swiglu, HAND_ON=hand_on is not None,
+        w.aux.stride(0), split_len, SWIGLU=swiglu, HAND_ON=hand_on is not None,
         OUT_GROUP=hand_on.group if hand_on else c.bn, OUT_SUMS=hand_on is not None and hand_on.sums,
         PREFETCH=quant_linear.prefetches(words, k, split_len),
         **quant_linear.decode_tile_args(_DECODE_LAYOUTS[w.scheme], c, n, k, 1),
@@ -692,14 +665,13 @@ def _gemm_configs() -> list[triton.Config]:
 # ---- kernels ----
 
 if triton is not None:
-    from ninfer_runtime.ops.launch import prefetch_share, prefetch_to_l2, wait_for_inputs
+    from ninfer_runtime.ops.launch import prefetch_to_l2, wait_for_inputs
     from ninfer_runtime.ops.quant_decode import store_operand_group
     from ninfer_runtime.ops.quant_linear import (
         _NV_FMA_SCALE,
         _NV_FMA_X,
         _NV_OUT,
         _NVFP4,
-        _PARTS_IN_FLIGHT,
         _e2m1,
         _graph_bench,
         _uint4,
@@ -708,7 +680,7 @@ if triton is not None:
         decode_tile,
         sum_parts,
     )
-    from ninfer_runtime.ops.skinny_linear import skinny_product, write_operand
+    from ninfer_runtime.ops.skinny_linear import skinny_part, write_operand
 
     @triton.jit
     def _ordered_bits(x):
@@ -721,57 +693,13 @@ if triton is not None:
     def _route_rows(logits, stride_t, weights_out, ids_out, t0, T, num_experts,
                     BT: tl.constexpr, TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr,
                     BLOCK_E: tl.constexpr, SHARED: tl.constexpr):
-        """Tokens t0 .. t0 + BT (those below T) routed from their logits (`_route_values`)."""
-        t = t0 + tl.arange(0, BT).to(tl.int64)
-        t_ok = t < T
-        e = tl.arange(0, BLOCK_E)
-        rows = logits + t[:, None] * stride_t
-        work = tl.load(rows + e[None, :], mask=t_ok[:, None] & (e < num_experts)[None, :],
-                       other=float("-inf")).to(tl.float32)
-        gate = tl.zeros([BT, 1], tl.float32)
-        if SHARED:
-            gate = tl.load(rows + num_experts, mask=t_ok[:, None], other=0.0).to(tl.float32)
-        _route_values(work, gate, t, t_ok, weights_out, ids_out, num_experts, BT, TOP_K,
-                      TOP_K_P2, BLOCK_E, SHARED)
-
-    @triton.jit
-    def _route_parts(part_ptr, parts, M, N, weights_out, ids_out, num_experts,
-                     DTYPE: tl.constexpr, BT: tl.constexpr, TOP_K: tl.constexpr,
-                     TOP_K_P2: tl.constexpr, BLOCK_E: tl.constexpr, SHARED: tl.constexpr):
-        """Tokens 0 .. M routed from their logits' fp32 K parts [parts, M, N], read from L2
-        (.cg: other programs wrote them) and added in part order, then rounded to DTYPE:
-        the bits of the logits a split GEMV would store (quant_linear.sum_parts)."""
-        t = tl.arange(0, BT).to(tl.int64)
-        t_ok = t < M
-        e = tl.arange(0, BLOCK_E)
-        rows = part_ptr + t[:, None] * N
-        mask = t_ok[:, None] & (e < num_experts)[None, :]
-        work = tl.zeros([BT, BLOCK_E], tl.float32)
-        gate = tl.zeros([BT, 1], tl.float32)
-        for j0 in range(0, parts, _PARTS_IN_FLIGHT):
-            for u in tl.static_range(_PARTS_IN_FLIGHT):
-                live = (tl.zeros([BT, 1], tl.int32) + j0 + u) < parts
-                part = rows + (j0 + u) * M * N
-                work += tl.load(part + e[None, :], mask=mask & live, other=0.0,
-                                cache_modifier=".cg")
-                if SHARED:
-                    gate += tl.load(part + num_experts, mask=t_ok[:, None] & live, other=0.0,
-                                    cache_modifier=".cg")
-        work = tl.where(mask, work.to(DTYPE).to(tl.float32), float("-inf"))
-        _route_values(work, gate.to(DTYPE).to(tl.float32), t, t_ok, weights_out, ids_out,
-                      num_experts, BT, TOP_K, TOP_K_P2, BLOCK_E, SHARED)
-
-    @triton.jit
-    def _route_values(work, gate, t, t_ok, weights_out, ids_out, num_experts,
-                      BT: tl.constexpr, TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr,
-                      BLOCK_E: tl.constexpr, SHARED: tl.constexpr):
-        """Tokens t (those t_ok) with their experts' logits work [BT, BLOCK_E] (-inf past
-        the experts) and with SHARED the shared expert's gate logit [BT, 1]: the top k of
-        their experts by repeated argmax (the lowest expert id on ties), weighted by their
-        softmax renormalised over the k, exp(z - max) / the k's sum, added in slot order: no
-        sum over all experts (the full softmax's denominator cancels), so that a token's bits
-        do not depend on BT or the tile layout. With SHARED, slot k is expert num_experts
-        weighted by the sigmoid of its gate logit.
+        """Tokens t0 .. t0 + BT (those below T): the top k of their experts' logits by
+        repeated argmax (the lowest expert id on ties), weighted by their softmax
+        renormalised over the k, exp(z - max) / the k's sum, added in slot order: no sum
+        over all experts (the full softmax's denominator cancels), so that a token's bits do
+        not depend on BT or the tile layout. With SHARED, slot k is expert num_experts
+        weighted by the sigmoid of the logit after the experts'. The logits are read from L2
+        (.cg): the router's other programs may have written them (`_router_kernel`).
 
         Each argmax is one reduction of an int64 key, the logit's order-preserving bits
         above the complement of the expert id: the largest key is the largest logit and,
@@ -779,7 +707,12 @@ if triton is not None:
         the first pick's logit is the maximum: 8 block-wide reductions a token instead of 17,
         a serial chain in the router's last program (~7.8 us a launch on the H100, 40 a
         35B-A3B decode step)."""
+        t = t0 + tl.arange(0, BT).to(tl.int64)
+        t_ok = t < T
         e = tl.arange(0, BLOCK_E)
+        rows = logits + t[:, None] * stride_t
+        work = tl.load(rows + e[None, :], mask=t_ok[:, None] & (e < num_experts)[None, :],
+                       other=float("-inf"), cache_modifier=".cg").to(tl.float32)
         work = tl.where(t_ok[:, None], work, 0.0)  # rows past T: finite, never stored
         # + 0.0 makes -0.0 +0.0, which ties with it as the float compare did
         keys = (_ordered_bits(work + 0.0).to(tl.int64) << 32) | (BLOCK_E - 1 - e)[None, :]
@@ -803,6 +736,8 @@ if triton is not None:
         tl.store(weights_out + out, top / total[:, None], mask=kept)
         tl.store(ids_out + out, top_ids, mask=kept)
         if SHARED:
+            gate = tl.load(rows + num_experts, mask=t_ok[:, None], other=0.0,
+                           cache_modifier=".cg").to(tl.float32)
             shared_slot = t[:, None] * (TOP_K + 1) + TOP_K
             tl.store(weights_out + shared_slot, 1.0 / (1.0 + tl.exp(-gate)), mask=t_ok[:, None])
             tl.store(ids_out + shared_slot, tl.zeros([BT, 1], tl.int64) + num_experts,
@@ -818,27 +753,23 @@ if triton is not None:
                     tl.num_programs(0), num_experts, 1, TOP_K, TOP_K_P2, BLOCK_E, SHARED)
 
     @triton.jit
-    def _router_kernel(x_ptr, w_ptr, part_ptr, counter_ptr, xo_ptr, inv_ptr, xsum_ptr, M, N, K,
-                       stride_x, stride_w, split_len, weights_out, ids_out,
+    def _router_kernel(x_ptr, w_ptr, part_ptr, counter_ptr, logits_ptr, xo_ptr, inv_ptr,
+                       xsum_ptr, M, N, K, stride_x, stride_w, split_len, weights_out, ids_out,
                        OPERAND: tl.constexpr, GROUP: tl.constexpr, HAS_SUM: tl.constexpr,
                        TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr, BLOCK_E: tl.constexpr,
                        SHARED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                        BK: tl.constexpr, GDC: tl.constexpr):
-        """The router's logits in ops.skinny_linear's programs (`skinny_product`), each
-        program's K part stored; the last program of the launch to arrive adds them all and
-        routes every token (`_route_parts`), and zeroes the counter; with OPERAND, x's decode
-        operand too. One arrival for the launch, where a row tile's last part first added
-        its tile's parts and stored the logits, and the last tile then read them back: two
-        L2 round trips fewer in the chain between the router's wait and its routing."""
-        acc, offs, mask, tile, part = skinny_product(x_ptr, w_ptr, M, N, K, stride_x, stride_w,
-                                                     split_len, BM, BN, BK, GDC)
-        tl.store(part_ptr + part * M * N + offs, acc, mask=mask)
-        tl.debug_barrier()  # the part is stored before the program counts it
-        programs = tl.num_programs(0) * tl.num_programs(1)
-        if tl.atomic_add(counter_ptr, 1, sem="acq_rel") == programs - 1:
-            tl.store(counter_ptr, 0)
-            _route_parts(part_ptr, tl.num_programs(1), M, N, weights_out, ids_out, N - SHARED,
-                         x_ptr.dtype.element_ty, BM, TOP_K, TOP_K_P2, BLOCK_E, SHARED)
+        """The router's logits by ops.skinny_linear's kernel (`skinny_part`, and x's decode
+        operand with OPERAND), then the last row tile to be finished routes every token
+        (`_route_rows`) and zeroes its counter (the one after the row tiles')."""
+        if skinny_part(x_ptr, w_ptr, part_ptr, counter_ptr, logits_ptr, M, N, K, stride_x,
+                       stride_w, split_len, BM, BN, BK, GDC):
+            tl.debug_barrier()  # the tile's logits are stored before the tiles count it
+            tiles = tl.num_programs(0)
+            if tl.atomic_add(counter_ptr + tiles, 1, sem="acq_rel") == tiles - 1:
+                tl.store(counter_ptr + tiles, 0)
+                _route_rows(logits_ptr, N, weights_out, ids_out, 0, M, N - SHARED, BM, TOP_K,
+                            TOP_K_P2, BLOCK_E, SHARED)
         if OPERAND:
             write_operand(x_ptr, stride_x, M, K, xo_ptr, inv_ptr, xsum_ptr, BM, GROUP, HAS_SUM)
 
@@ -1243,9 +1174,7 @@ if triton is not None:
     def _decode_experts_kernel(
         xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, aux_ptr, part_ptr, counter_ptr, out_ptr,
         oxo_ptr, oinv_ptr, oxsum_ptr, ticket_ptr, ids, route_weights, M, N, K, top_k,
-        stride_we, stride_wn, stride_se, stride_sn, stride_ae, split_len, next_w_ptr,
-        next_s_ptr, next_w_bytes, next_s_bytes, PREFETCH_NEXT: tl.constexpr,
-        PIECES: tl.constexpr, SCHEME: tl.constexpr,
+        stride_we, stride_wn, stride_se, stride_sn, stride_ae, split_len, SCHEME: tl.constexpr,
         WPS: tl.constexpr, BM: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
         EVEN_N: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr,
         SWIGLU: tl.constexpr,
@@ -1257,8 +1186,7 @@ if triton is not None:
         expert (gate|up: the BN gate rows and the BN up rows N later), as a K part of the
         pair's output (gate|up) or of its token's (down, routing weight applied). HAND_ON
         (gate|up): the output's decode operand too, in groups of OUT_GROUP columns
-        (`_hand_on_operand`). PREFETCH_NEXT: then the program's share of its expert's
-        next_w_bytes and next_s_bytes (the down stage's) into L2 (`_tensor_core_stage`)."""
+        (`_hand_on_operand`)."""
         wait_for_inputs(GDC)
         pair = tl.program_id(0)
         tile = tl.program_id(1)
@@ -1284,13 +1212,6 @@ if triton is not None:
                               s_ptr + expert * stride_se, aux_ptr + expert * stride_ae,
                               rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_wn,
                               stride_sn, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS)
-        if PREFETCH_NEXT:
-            share = tile * tl.num_programs(2) + tl.program_id(2)
-            shares = tl.num_programs(1) * tl.num_programs(2)
-            prefetch_share(next_w_ptr + expert * next_w_bytes, next_w_bytes, share, shares,
-                           PIECES)
-            prefetch_share(next_s_ptr + expert * next_s_bytes, next_s_bytes, share, shares,
-                           PIECES)
         res = decode_result(acc, SCHEME)  # [BM, R]
         if SCHEME == _NVFP4:  # the expert's per-row global scale (aux)
             res = res * tl.load(aux_ptr + expert * stride_ae + rows, mask=row_ok,

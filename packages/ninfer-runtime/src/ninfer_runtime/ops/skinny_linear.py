@@ -65,20 +65,18 @@ class Launch:
     its output, the K parts' fp32 buffer (the output itself when K is not split), the grid
     (row tiles, K splits) and the split length."""
 
-    out: torch.Tensor | None
+    out: torch.Tensor
     parts: torch.Tensor
     grid: tuple[int, int]
     split_len: int
 
     @classmethod
-    def of(cls, x: torch.Tensor, n: int, parts_only: bool = False) -> Launch:
-        """parts_only (the router, which adds the parts itself): no output, the parts in
-        fp32 however many there are."""
+    def of(cls, x: torch.Tensor, n: int) -> Launch:
         m, k = x.shape
-        out = None if parts_only else torch.empty((m, n), dtype=x.dtype, device=x.device)
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
         split_len, splits = k_split(n, k, x.device)
-        parts = out if splits == 1 and not parts_only else torch.empty(
-            (splits, m, n), dtype=torch.float32, device=x.device)
+        parts = out if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32,
+                                                    device=x.device)
         return cls(out, parts, (triton.cdiv(n, _BN), splits), split_len)
 
     def args(self, x: torch.Tensor, w: torch.Tensor, counters: int) -> tuple:
@@ -160,14 +158,15 @@ if triton is not None:
                           HAS_SUM)
 
     @triton.jit
-    def skinny_product(x_ptr, w_ptr, M, N, K, stride_x, stride_w, split_len,
-                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GDC: tl.constexpr):
-        """This program's part of x @ w^T: rows of tile pid 0 over K split pid 1 of
-        num_programs(1), as (part [BM, BN] fp32, the offsets of its elements in an [M, N]
-        output, which of them exist, tile, split). The first K tile of the weight (which no
-        kernel of a step writes; most programs have only one) is loaded before the wait for
-        the inputs, so that its DRAM latency passes while the predecessor still runs:
-        0.3-0.5 us a call on the H200 (docs/perf.md, tenth run)."""
+    def skinny_part(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, M, N, K, stride_x, stride_w,
+                    split_len, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    GDC: tl.constexpr):
+        """This program's part of out: rows of tile pid 0 over K split pid 1 of
+        num_programs(1); whether it stored its tile's finished rows (the last part to arrive).
+        The first K tile of the weight (which no kernel of a step writes; most programs have
+        only one) is loaded before the wait for the inputs, so that its DRAM latency passes
+        while the predecessor still runs: 0.3-0.5 us a call on the H200 (docs/perf.md, tenth
+        run)."""
         tile, part, rows, row_ok, ms, m_ok, k_lo, k_hi = split_program(M, N, K, split_len, BM,
                                                                        BN)
         w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
@@ -178,19 +177,10 @@ if triton is not None:
         for k0 in range(k_lo + BK, k_hi, BK):
             acc = tl.dot(_weight_tile(w_rows, row_ok, k0, k_hi, BK),
                          _input_tile(x_ptr, stride_x, ms, m_ok, k0, k_hi, BK), acc)
+        mask = m_ok[:, None] & row_ok[None, :]
         offs = ms.to(tl.int64)[:, None] * N + rows[None, :]
-        return tl.trans(acc), offs, m_ok[:, None] & row_ok[None, :], tile, part
-
-    @triton.jit
-    def skinny_part(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, M, N, K, stride_x, stride_w,
-                    split_len, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    GDC: tl.constexpr):
-        """`skinny_product` into out: whether this program stored its tile's finished rows
-        (the last part to arrive, `sum_parts`)."""
-        acc, offs, mask, tile, part = skinny_product(x_ptr, w_ptr, M, N, K, stride_x, stride_w,
-                                                     split_len, BM, BN, BK, GDC)
-        last, total = sum_parts(acc, part, tl.num_programs(1), part_ptr, offs, M * N, mask,
-                                counter_ptr + tile)
+        last, total = sum_parts(tl.trans(acc), part, tl.num_programs(1), part_ptr, offs, M * N,
+                                mask, counter_ptr + tile)
         if last:
             tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
         return last
