@@ -157,6 +157,7 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
     tprobe) timeout 300 python3 scripts/tuner_probe.py --home "$ART/best-home" ${TPROBE_ARGS:-} ;;
     # a short GEMV's fixed and per-K-tile costs, its activation pass and K-parts' sum apart
     anatomy) timeout 200 python3 scripts/gemv_anatomy.py ${ANATOMY_ARGS:-} ;;
+    boundary) timeout 200 python3 scripts/boundary_probe.py ${BOUNDARY_ARGS:-} ;;
     ncu) timeout 200 ncu --clock-control none --kernel-name regex:_decode_kernel \
            --section WarpStateStats --section SchedulerStats --section Occupancy \
            --section MemoryWorkloadAnalysis python3 scripts/ncu_decode.py ;;
