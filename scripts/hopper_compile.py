@@ -66,6 +66,12 @@ GPU_CONSTEXPRS = {"GDC": True, "ASM": True}
 FP16_BY_DESIGN = {"xo_ptr", "k_scale", "v_scale"}
 
 
+def _named(name: str, names: set | dict) -> str | None:
+    """The entry of `names` that `name` is, itself or prefixed ("g_xo_ptr", "D_ASM": a
+    kernel that runs two stages names each stage's parameters so), else None."""
+    return next((n for n in names if name == n or name.endswith("_" + n)), None)
+
+
 @dataclass(frozen=True)
 class Specialization:
     """One compilation of a kernel: what Triton's launcher keys its cache on."""
@@ -89,9 +95,10 @@ class Specialization:
         """The launch as an H200 makes it: bf16 for fp16 (but FP16_BY_DESIGN),
         GPU_CONSTEXPRS."""
         return dataclasses.replace(
-            self, signature=tuple((n, "*bf16" if t == "*fp16" and n not in FP16_BY_DESIGN
+            self, signature=tuple((n, "*bf16" if t == "*fp16" and not _named(n, FP16_BY_DESIGN)
                                    else t) for n, t in self.signature),
-            constexprs=tuple((n, GPU_CONSTEXPRS.get(n, v)) for n, v in self.constexprs),
+            constexprs=tuple((n, GPU_CONSTEXPRS.get(_named(n, GPU_CONSTEXPRS), v))
+                             for n, v in self.constexprs),
             test=f"{self.test} (H200 twin)")
 
     def summary(self) -> str:

@@ -191,11 +191,14 @@ if triton is not None:
         """For the program that has just stored column tile `tile` (WIDTH columns, of `tiles`)
         of rows `rows` of x [M, K]: the last of the tiles of its operand group to get here (the
         group's counter at ticket_ptr) reads the group back from L2, writes its operand
-        (`store_operand`) and zeroes the counter for the next launch."""
+        (`store_operand`) and zeroes the counter for the next launch. Whether this program
+        wrote the group."""
         PER: tl.constexpr = GROUP // WIDTH
         g = tile // PER
         tl.debug_barrier()  # every thread's columns are stored before the group counts them
-        if tl.atomic_add(ticket_ptr + g, 1, sem="acq_rel") == tl.minimum(PER, tiles - g * PER) - 1:
+        last = tl.atomic_add(ticket_ptr + g, 1, sem="acq_rel") == tl.minimum(PER,
+                                                                             tiles - g * PER) - 1
+        if last:
             tl.store(ticket_ptr + g, 0)
             ks = g * GROUP + tl.arange(0, GROUP)
             x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :],
@@ -203,6 +206,7 @@ if triton is not None:
                         cache_modifier=".cg").to(tl.float32)
             store_operand(x, rows, row_ok, g * GROUP, M, K, xo_ptr, inv_ptr, xsum_ptr, GROUP,
                           HAS_SUM)
+        return last
 
     @triton.jit
     def activation_kernel(x_ptr, xo_ptr, inv_ptr, xsum_ptr, M, K, stride_x,
