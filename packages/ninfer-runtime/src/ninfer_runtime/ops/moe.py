@@ -698,6 +698,7 @@ def _stage_args(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tens
     words = w.weight.view(torch.int32)
     # arrival counters: (output row, column tile) for the K parts, then (pair, operand group)
     groups = pairs * triton.cdiv(n, hand_on.group) if hand_on else 0
+    assert outputs * tiles + groups <= counters.numel(), "moe_experts: too many counters"
     args = [operand.xo, operand.inv, operand.xsum, words, w.scale, w.aux, part_buf, counters,
             out, *quant_linear.operand_buffers(hand_on, out), counters[outputs * tiles:], ids,
             weights, a.shape[0], n, k, top_k, words.stride(0), words.stride(1),
