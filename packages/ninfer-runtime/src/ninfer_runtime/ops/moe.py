@@ -1349,7 +1349,7 @@ if triton is not None:
         D_WPS: tl.constexpr, D_BM: tl.constexpr, D_ASM: tl.constexpr, D_EVEN_K: tl.constexpr,
         D_EVEN_N: tl.constexpr, D_BN: tl.constexpr, D_BK: tl.constexpr, D_DOTS: tl.constexpr,
         D_SWIGLU: tl.constexpr, D_HAND_ON: tl.constexpr, D_OUT_GROUP: tl.constexpr,
-        D_OUT_SUMS: tl.constexpr, D_PREFETCH: tl.constexpr, GDC: tl.constexpr,
+        D_OUT_SUMS: tl.constexpr, D_PREFETCH: tl.constexpr, GDC: tl.constexpr
     ):
         """Both decode stages of `_launch_block` in one launch, a work item a program
         (`_experts_item`): gate|up's items (g_*, G_*) then down's (d_*, D_*), pair by pair,
@@ -1378,7 +1378,7 @@ if triton is not None:
                 g_ids, g_route_weights, g_M, g_N, g_K, g_top_k, g_stride_we, g_stride_wn,
                 g_stride_se, g_stride_sn, g_stride_ae, g_split_len, G_SCHEME, G_WPS, G_BM,
                 G_ASM, G_EVEN_K, G_EVEN_N, G_BN, G_BK, G_DOTS, G_SWIGLU, G_HAND_ON,
-                G_OUT_GROUP, G_OUT_SUMS, G_PREFETCH,)
+                G_OUT_GROUP, G_OUT_SUMS, G_PREFETCH)
             if wrote:
                 tl.debug_barrier()  # the group's operand is stored before the pair counts it
                 tl.atomic_add(ready_ptr + pair, 1, sem="release")
@@ -1397,7 +1397,7 @@ if triton is not None:
                 d_ids, d_route_weights, d_M, d_N, d_K, d_top_k, d_stride_we, d_stride_wn,
                 d_stride_se, d_stride_sn, d_stride_ae, d_split_len, D_SCHEME, D_WPS, D_BM,
                 D_ASM, D_EVEN_K, D_EVEN_N, D_BN, D_BK, D_DOTS, D_SWIGLU, D_HAND_ON,
-                D_OUT_GROUP, D_OUT_SUMS, D_PREFETCH,)
+                D_OUT_GROUP, D_OUT_SUMS, D_PREFETCH)
             if tl.atomic_add(done_ptr + pair, 1, sem="relaxed") == per_pair - 1:
                 tl.store(ready_ptr + pair, 0)
                 tl.store(done_ptr + pair, 0)
