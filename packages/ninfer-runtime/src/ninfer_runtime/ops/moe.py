@@ -110,10 +110,10 @@ DECODE_MAX_TOKENS = 16
 # them as two, the A/B of that change on the GPU
 MOE_BLOCK = os.environ.get("NINFER_MOE_BLOCK", "1") != "0"
 # the block's register cap a thread, so that as many of its 4-warp programs fit an SM as of
-# each stage's own kernel (sm_90 SASS, Triton 3.6, the 35B-A3B's shapes): nvfp4 4 (105
-# registers alone, 150 in the block uncapped, 107 capped), groupwise-int 8 (60-63, 96, 64);
-# no spills either way
-_BLOCK_MAXNREG = {NVFP4: 128, INT4: 64}
+# the more resident stage's own kernel (sm_90 SASS, Triton 3.6, the 35B-A3B's shapes): nvfp4
+# 5 (gate|up alone 105 registers, 4 an SM; down 96, 5; the block 150 uncapped, 95 capped),
+# groupwise-int 8 (60 and 63 alone, the block 96 uncapped, 64 capped); no spills
+_BLOCK_MAXNREG = {NVFP4: 96, INT4: 64}
 
 
 # ---- references ----
@@ -643,8 +643,7 @@ def _launch_block(x: torch.Tensor, gu: _Experts, dn: _Experts, hidden: torch.Ten
     if not INTERPRET:
         launch_kw["maxnreg"] = _BLOCK_MAXNREG[gu.scheme]
     launch(_moe_block_kernel, (math.prod(g_grid) + math.prod(d_grid),), *g_args, *d_args,
-           sync, pairs, g_grid[1], g_grid[2], d_grid[1], d_grid[2],
-           **{f"G_{k}": v for k, v in g_kw.items()}, **{f"D_{k}": v for k, v in d_kw.items()},
+           sync, **{f"G_{k}": v for k, v in g_kw.items()}, **{f"D_{k}": v for k, v in d_kw.items()},
            **launch_kw, **options(x.device))
 
 
@@ -702,7 +701,8 @@ def _stage_args(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tens
     args = [operand.xo, operand.inv, operand.xsum, words, w.scale, w.aux, part_buf, counters,
             out, *quant_linear.operand_buffers(hand_on, out), counters[outputs * tiles:], ids,
             weights, a.shape[0], n, k, top_k, words.stride(0), words.stride(1),
-            w.scale.stride(0), w.scale.stride(1), w.aux.stride(0), split_len]
+            w.scale.stride(0), w.scale.stride(1), w.aux.stride(0), split_len, pairs, tiles,
+            splits]
     kw = dict(SWIGLU=swiglu, HAND_ON=hand_on is not None,
               OUT_GROUP=hand_on.group if hand_on else c.bn,
               OUT_SUMS=hand_on is not None and hand_on.sums,
@@ -1237,10 +1237,11 @@ if triton is not None:
 
     @triton.jit
     def _experts_item(
-        pair, tile, split, pairs, tiles, splits,
+        pair, tile, split,
         xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, aux_ptr, part_ptr, counter_ptr, out_ptr,
         oxo_ptr, oinv_ptr, oxsum_ptr, ticket_ptr, ids, route_weights, M, N, K, top_k,
-        stride_we, stride_wn, stride_se, stride_sn, stride_ae, split_len, SCHEME: tl.constexpr,
+        stride_we, stride_wn, stride_se, stride_sn, stride_ae, split_len, pairs, tiles, splits,
+        SCHEME: tl.constexpr,
         WPS: tl.constexpr, BM: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
         EVEN_N: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr,
         SWIGLU: tl.constexpr, HAND_ON: tl.constexpr, OUT_GROUP: tl.constexpr,
@@ -1315,34 +1316,35 @@ if triton is not None:
     def _decode_experts_kernel(
         xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, aux_ptr, part_ptr, counter_ptr, out_ptr,
         oxo_ptr, oinv_ptr, oxsum_ptr, ticket_ptr, ids, route_weights, M, N, K, top_k,
-        stride_we, stride_wn, stride_se, stride_sn, stride_ae, split_len, SCHEME: tl.constexpr,
-        WPS: tl.constexpr, BM: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
-        EVEN_N: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr,
-        SWIGLU: tl.constexpr,
-        HAND_ON: tl.constexpr, OUT_GROUP: tl.constexpr, OUT_SUMS: tl.constexpr,
-        PREFETCH: tl.constexpr, GDC: tl.constexpr
+        stride_we, stride_wn, stride_se, stride_sn, stride_ae, split_len, pairs, tiles, splits,
+        SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr, ASM: tl.constexpr,
+        EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+        DOTS: tl.constexpr, SWIGLU: tl.constexpr, HAND_ON: tl.constexpr,
+        OUT_GROUP: tl.constexpr, OUT_SUMS: tl.constexpr, PREFETCH: tl.constexpr,
+        GDC: tl.constexpr
     ):
-        """Program (pair, column tile, K split) of `_tensor_core_stage`: `_experts_item`."""
+        """Program (pair, column tile, K split) of `_tensor_core_stage` (its grid: pairs x
+        tiles x splits, passed as arguments: read where used, where the grid's sizes were
+        kept in registers across the K loop, 9 more a thread on sm_90): `_experts_item`."""
         wait_for_inputs(GDC)
         _experts_item(tl.program_id(0), tl.program_id(1), tl.program_id(2),
-                      tl.num_programs(0), tl.num_programs(1), tl.num_programs(2),
                       xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, aux_ptr, part_ptr, counter_ptr,
                       out_ptr, oxo_ptr, oinv_ptr, oxsum_ptr, ticket_ptr, ids, route_weights, M,
                       N, K, top_k, stride_we, stride_wn, stride_se, stride_sn, stride_ae,
-                      split_len, SCHEME, WPS, BM, ASM, EVEN_K, EVEN_N, BN, BK, DOTS, SWIGLU,
-                      HAND_ON, OUT_GROUP, OUT_SUMS, PREFETCH)
+                      split_len, pairs, tiles, splits, SCHEME, WPS, BM, ASM, EVEN_K, EVEN_N,
+                      BN, BK, DOTS, SWIGLU, HAND_ON, OUT_GROUP, OUT_SUMS, PREFETCH)
 
     @triton.jit
     def _moe_block_kernel(
         g_xo_ptr, g_inv_ptr, g_xsum_ptr, g_w_ptr, g_s_ptr, g_aux_ptr, g_part_ptr,
         g_counter_ptr, g_out_ptr, g_oxo_ptr, g_oinv_ptr, g_oxsum_ptr, g_ticket_ptr, g_ids,
         g_route_weights, g_M, g_N, g_K, g_top_k, g_stride_we, g_stride_wn, g_stride_se,
-        g_stride_sn, g_stride_ae, g_split_len, d_xo_ptr, d_inv_ptr, d_xsum_ptr, d_w_ptr,
-        d_s_ptr, d_aux_ptr, d_part_ptr, d_counter_ptr, d_out_ptr, d_oxo_ptr, d_oinv_ptr,
-        d_oxsum_ptr, d_ticket_ptr, d_ids, d_route_weights, d_M, d_N, d_K, d_top_k, d_stride_we,
-        d_stride_wn, d_stride_se, d_stride_sn, d_stride_ae, d_split_len, sync_ptr, pairs,
-        g_tiles, g_splits, d_tiles, d_splits, G_SCHEME: tl.constexpr, G_WPS: tl.constexpr,
-        G_BM: tl.constexpr, G_ASM: tl.constexpr, G_EVEN_K: tl.constexpr,
+        g_stride_sn, g_stride_ae, g_split_len, g_pairs, g_tiles, g_splits, d_xo_ptr, d_inv_ptr,
+        d_xsum_ptr, d_w_ptr, d_s_ptr, d_aux_ptr, d_part_ptr, d_counter_ptr, d_out_ptr,
+        d_oxo_ptr, d_oinv_ptr, d_oxsum_ptr, d_ticket_ptr, d_ids, d_route_weights, d_M, d_N,
+        d_K, d_top_k, d_stride_we, d_stride_wn, d_stride_se, d_stride_sn, d_stride_ae,
+        d_split_len, d_pairs, d_tiles, d_splits, sync_ptr, G_SCHEME: tl.constexpr,
+        G_WPS: tl.constexpr, G_BM: tl.constexpr, G_ASM: tl.constexpr, G_EVEN_K: tl.constexpr,
         G_EVEN_N: tl.constexpr, G_BN: tl.constexpr, G_BK: tl.constexpr, G_DOTS: tl.constexpr,
         G_SWIGLU: tl.constexpr, G_HAND_ON: tl.constexpr, G_OUT_GROUP: tl.constexpr,
         G_OUT_SUMS: tl.constexpr, G_PREFETCH: tl.constexpr, D_SCHEME: tl.constexpr,
@@ -1361,6 +1363,7 @@ if triton is not None:
         zeroes it, the last down item of a pair the pair's counts (sync_ptr[1 + pairs +
         pair]): all zero again for the next launch."""
         wait_for_inputs(GDC)
+        pairs = g_pairs
         g_items = pairs * g_tiles * g_splits
         items = g_items + pairs * d_tiles * d_splits
         ready_ptr = sync_ptr + 1
@@ -1372,13 +1375,13 @@ if triton is not None:
             per_pair = g_tiles * g_splits
             pair = item // per_pair
             wrote = _experts_item(
-                pair, item % per_pair // g_splits, item % g_splits, pairs, g_tiles, g_splits,
+                pair, item % per_pair // g_splits, item % g_splits,
                 g_xo_ptr, g_inv_ptr, g_xsum_ptr, g_w_ptr, g_s_ptr, g_aux_ptr, g_part_ptr,
                 g_counter_ptr, g_out_ptr, g_oxo_ptr, g_oinv_ptr, g_oxsum_ptr, g_ticket_ptr,
                 g_ids, g_route_weights, g_M, g_N, g_K, g_top_k, g_stride_we, g_stride_wn,
-                g_stride_se, g_stride_sn, g_stride_ae, g_split_len, G_SCHEME, G_WPS, G_BM,
-                G_ASM, G_EVEN_K, G_EVEN_N, G_BN, G_BK, G_DOTS, G_SWIGLU, G_HAND_ON,
-                G_OUT_GROUP, G_OUT_SUMS, G_PREFETCH)
+                g_stride_se, g_stride_sn, g_stride_ae, g_split_len, g_pairs, g_tiles, g_splits,
+                G_SCHEME, G_WPS, G_BM, G_ASM, G_EVEN_K, G_EVEN_N, G_BN, G_BK, G_DOTS, G_SWIGLU,
+                G_HAND_ON, G_OUT_GROUP, G_OUT_SUMS, G_PREFETCH)
             if wrote:
                 tl.debug_barrier()  # the group's operand is stored before the pair counts it
                 tl.atomic_add(ready_ptr + pair, 1, sem="release")
@@ -1391,13 +1394,12 @@ if triton is not None:
             tl.debug_barrier()  # no thread reads the operand before the wait has ended
             _experts_item(
                 pair, (item - g_items) % per_pair // d_splits, (item - g_items) % d_splits,
-                pairs, d_tiles, d_splits,
                 d_xo_ptr, d_inv_ptr, d_xsum_ptr, d_w_ptr, d_s_ptr, d_aux_ptr, d_part_ptr,
                 d_counter_ptr, d_out_ptr, d_oxo_ptr, d_oinv_ptr, d_oxsum_ptr, d_ticket_ptr,
                 d_ids, d_route_weights, d_M, d_N, d_K, d_top_k, d_stride_we, d_stride_wn,
-                d_stride_se, d_stride_sn, d_stride_ae, d_split_len, D_SCHEME, D_WPS, D_BM,
-                D_ASM, D_EVEN_K, D_EVEN_N, D_BN, D_BK, D_DOTS, D_SWIGLU, D_HAND_ON,
-                D_OUT_GROUP, D_OUT_SUMS, D_PREFETCH)
+                d_stride_se, d_stride_sn, d_stride_ae, d_split_len, d_pairs, d_tiles, d_splits,
+                D_SCHEME, D_WPS, D_BM, D_ASM, D_EVEN_K, D_EVEN_N, D_BN, D_BK, D_DOTS, D_SWIGLU,
+                D_HAND_ON, D_OUT_GROUP, D_OUT_SUMS, D_PREFETCH)
             if tl.atomic_add(done_ptr + pair, 1, sem="relaxed") == per_pair - 1:
                 tl.store(ready_ptr + pair, 0)
                 tl.store(done_ptr + pair, 0)
