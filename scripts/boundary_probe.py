@@ -36,6 +36,7 @@ from ninfer_bench.kernels.linear import _timed, save_table
 from ninfer_runtime.ops.launch import options, wait_for_inputs
 
 _BLOCK = 1024  # int32 words a program loads an iteration (4 KB)
+VARIANTS = ("kernels", "kernels, no PDL", "persistent", "persistent, no barrier")
 
 
 @triton.jit
@@ -111,9 +112,9 @@ def _calls(mb: float, steps: int, programs: int) -> dict:
                                             BARRIER=barrier, BLOCK=_BLOCK)
         return one
 
-    return {"kernels": kernels(options(w.device)),
-            "kernels, no PDL": kernels({"GDC": False, "launch_pdl": False}),
-            "persistent": persistent(True), "persistent, no barrier": persistent(False)}
+    return dict(zip(VARIANTS, (kernels(options(w.device)),
+                               kernels({"GDC": False, "launch_pdl": False}),
+                               persistent(True), persistent(False)), strict=True))
 
 
 def main() -> None:
@@ -125,10 +126,9 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     programs = sms * args.per_sm
     bandwidth = ceilings().bandwidth
-    names = list(_calls(0, 1, 1))
     lines = [f"{args.steps} steps, {programs} programs ({args.per_sm} an SM); us a step",
-             "", "| MB a step | " + " | ".join(names) + " | bytes at the bandwidth |",
-             "|---|" + "---|" * (len(names) + 1)]
+             "", "| MB a step | " + " | ".join(VARIANTS) + " | bytes at the bandwidth |",
+             "|---|" + "---|" * (len(VARIANTS) + 1)]
     for mb in (float(m) for m in args.mb.split(",")):
         times = [_timed(call) / args.steps for call in _calls(mb, args.steps, programs).values()]
         lines.append(f"| {mb:g} | " + " | ".join(f"{t:.2f}" for t in times)

@@ -125,6 +125,7 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
                    --concurrency 1 --no-breakdown --output "$out/nowave" ;;
     eng35nowave) NINFER_DECODE_WAVE_SPLIT=0 engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \
                    --no-breakdown --output "$out/nowave" ;;
+    # the MoE experts' decode stages as two launches (NINFER_MOE_BLOCK=0), the block's A/B
     eng35twostage) NINFER_MOE_BLOCK=0 engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \
                    --no-breakdown --output "$out/twostage" ;;
     # the 27B with the decode plans tprobe found fastest streaming (run tprobe first)

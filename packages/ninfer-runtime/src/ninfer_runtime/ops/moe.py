@@ -1323,9 +1323,10 @@ if triton is not None:
         OUT_GROUP: tl.constexpr, OUT_SUMS: tl.constexpr, PREFETCH: tl.constexpr,
         GDC: tl.constexpr
     ):
-        """Program (pair, column tile, K split) of `_tensor_core_stage` (its grid: pairs x
-        tiles x splits, passed as arguments: read where used, where the grid's sizes were
-        kept in registers across the K loop, 9 more a thread on sm_90): `_experts_item`."""
+        """Program (pair, column tile, K split) of `_tensor_core_stage`: `_experts_item`. The
+        grid's sizes (pairs x tiles x splits) come as arguments: read with tl.num_programs,
+        they stayed in registers across the K loop (sm_90: 9 more a thread, 5 programs an SM
+        down to 4 for the down stage)."""
         wait_for_inputs(GDC)
         _experts_item(tl.program_id(0), tl.program_id(1), tl.program_id(2),
                       xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, aux_ptr, part_ptr, counter_ptr,
@@ -1360,14 +1361,13 @@ if triton is not None:
         groups counted in sync_ptr[1 + pair]), not for the whole stage and a launch; every
         item it waits on was taken before its own by a program already running, so none can
         wait forever, whatever the GPU keeps resident. The last program to take a ticket
-        zeroes it, the last down item of a pair the pair's counts (sync_ptr[1 + pairs +
+        zeroes it, the last down item of a pair the pair's counts (sync_ptr[1 + g_pairs +
         pair]): all zero again for the next launch."""
         wait_for_inputs(GDC)
-        pairs = g_pairs
-        g_items = pairs * g_tiles * g_splits
-        items = g_items + pairs * d_tiles * d_splits
+        g_items = g_pairs * g_tiles * g_splits
+        items = g_items + d_pairs * d_tiles * d_splits
         ready_ptr = sync_ptr + 1
-        done_ptr = ready_ptr + pairs
+        done_ptr = ready_ptr + g_pairs
         item = tl.atomic_add(sync_ptr, 1, sem="relaxed")
         if item == items - 1:
             tl.store(sync_ptr, 0)
