@@ -191,7 +191,7 @@ def _probe_call(ws: list, x: torch.Tensor, xo: torch.Tensor, inv: torch.Tensor,
             ql._decode_kernel[(n // c.bn, splits)](
                 xo, inv, inv, ops.words, ops.scale, ops.zero, ops.gscale, part, counters, out,
                 out, out, out, out, counters, 1, n, k, ops.words.stride(0), ops.scale.stride(0),
-                split_len, HAND_ON=False, OUT_GROUP=c.bn, OUT_SUMS=False, PREFETCH=False,
+                split_len, splits, HAND_ON=False, OUT_GROUP=c.bn, OUT_SUMS=False, PREFETCH=False,
                 **ql.decode_tile_args(ops.layout, c, n, k, 1), **launch)
         return decode
 

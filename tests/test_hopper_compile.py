@@ -2,8 +2,9 @@
 specialization they launch under the interpreter (and its bf16 H200 twin) compiles for sm_90
 (~80 s on 2 cores): align, the grouped GEMM (its tile decode) and the weighted sum of the
 in-register path, the dequantization and SiLU of the dequantized one, and the decode's
-activation pass and its two stages in one launch (`_moe_block_kernel`) or two. The GPU found
-7564065's failure in the grouped GEMM; this finds such failures on a CPU."""
+activation pass and its two stages in one launch (`_moe_block_kernel`) or two; and a dense
+MLP's two decode GEMVs in one launch (`quant_linear._mlp_block_kernel`, ~20 s more). The GPU
+found 7564065's failure in the grouped GEMM; this finds such failures on a CPU."""
 
 from __future__ import annotations
 
@@ -19,11 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_moe_kernels_compile_for_sm90() -> None:
+@pytest.mark.parametrize(("tests", "select", "kernels"), [
+    ("tests/kernels/test_moe.py", "grouped or dequantiz or block_launch", 8),
+    ("tests/kernels/test_linear.py", "mlp_block", 3),
+])
+def test_kernels_compile_for_sm90(tests: str, select: str, kernels: int) -> None:
     done = subprocess.run(
-        [sys.executable, "scripts/hopper_compile.py", "tests/kernels/test_moe.py", "-k",
-         "grouped or dequantiz or block_launch"], cwd=ROOT, capture_output=True, text=True,
-        timeout=600)
+        [sys.executable, "scripts/hopper_compile.py", tests, "-k", select], cwd=ROOT,
+        capture_output=True, text=True, timeout=600)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
-    assert "specializations of 8 kernels compiled, 0 failed" in summary, summary
+    assert f"specializations of {kernels} kernels compiled, 0 failed" in summary, summary

@@ -37,6 +37,7 @@ from ninfer_runtime.ops.linear import (
     decode_operand_spec,
     linear,
     linear_with_operand,
+    mlp_decode,
     silu_mul_linear,
     swiglu_with_operand,
 )
@@ -118,7 +119,11 @@ def _chunked_gdn(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, w: GDNWe
 def mlp(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
     """SwiGLU MLP: down(silu(gate(x)) * up(x)). At decode the gate|up GEMV can hand the SiLU
     product on as the down GEMV's operand (x stands in for that product's rows in the spec:
-    the same rows, dtype and device)."""
+    the same rows, dtype and device). With NINFER_MLP_BLOCK=1 the two GEMVs run as one launch
+    (`mlp_decode`)."""
+    out = mlp_decode(x, w.gate_up_proj, w.down_proj)
+    if out is not None:
+        return out
     fused = swiglu_with_operand(x, w.gate_up_proj, decode_operand_spec(x, w.down_proj))
     if fused is None:
         return silu_mul_linear(linear(x, w.gate_up_proj), w.down_proj)

@@ -90,6 +90,18 @@ def swiglu_with_operand(x: torch.Tensor, w: Weight, spec: tuple[int, bool] | Non
     return hidden.view(*x.shape[:-1], hidden.shape[-1]), operand
 
 
+def mlp_decode(x: torch.Tensor, gate_up: Weight, down: Weight) -> torch.Tensor | None:
+    """linear(silu_and_mul(linear(x, gate_up)), down) for a decode step's rows, both GEMVs in
+    one launch (`quant_linear.mlp_decode`) where NINFER_MLP_BLOCK=1 and both weights take the
+    decode GEMV; else None (the caller runs `swiglu_with_operand`, then the down GEMV)."""
+    rows = x.reshape(-1, x.shape[-1])
+    if (not quant_linear.MLP_BLOCK or rows.stride(-1) != 1 or not quant_linear.decodes(rows)
+            or not _packed_kernels(x, gate_up) or not _packed_kernels(x, down)):
+        return None
+    out = quant_linear.mlp_decode(rows, gate_up, down)
+    return None if out is None else out.view(*x.shape[:-1], out.shape[-1])
+
+
 def silu_mul_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     """linear(silu_and_mul(x), w) for x [..., 2I] ([gate | up]) and w [out, I]. A decode
     step's few rows through a packed weight take the SiLU in the GEMV's activation pass: one

@@ -113,6 +113,9 @@ DECODE_EVEN_N = os.environ.get("NINFER_DECODE_EVEN_N", "1") != "0"
 # the tuner's candidates include each config's `wave_split`; NINFER_DECODE_WAVE_SPLIT=0 leaves
 # it out, the A/B of that change on the GPU
 DECODE_WAVE_SPLIT = os.environ.get("NINFER_DECODE_WAVE_SPLIT", "1") != "0"
+# a decode MLP's two GEMVs in one launch (`mlp_decode`, `_mlp_block_kernel`): off until timed
+# on the GPU, NINFER_MLP_BLOCK=1 turns it on
+MLP_BLOCK = os.environ.get("NINFER_MLP_BLOCK", "0") == "1"
 _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 # programs per SM the K split may aim at (counted with BN = 64); the decode tuner times each
 # with each config, the first being the default (the H200 sweep, scripts/split_sweep.py,
@@ -496,6 +499,54 @@ def swiglu_decode(x: torch.Tensor, w: PackedWeight, spec: tuple[int, bool]
     return hidden, operand
 
 
+def mlp_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight
+               ) -> torch.Tensor | None:
+    """down(silu_and_mul(x @ gate_up^T)) for a decode step's x [M, H], a fused [gate | up]
+    weight [2I, H] and down [H, I]: both GEMVs in one launch (`_mlp_block_kernel`), each
+    with its own tuned plan. The gate|up items hand the SiLU product's operand on as
+    `swiglu_decode` does, and a down item waits only until the operand groups of its own K
+    split are written, where the second launch waits for the whole first kernel to end and
+    then fills the GPU again. The bits of `swiglu_decode` then the down GEMV. None where that
+    hand-on does not fit the tuned gate|up tile, or where the two plans launch differently
+    (warps, pipeline stages): the caller runs the two launches."""
+    gops, dops = _operands(gate_up), _operands(down)
+    n, k = gate_up.shape
+    h, inter = down.shape
+    assert decodes(x) and x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1 \
+        and n == 2 * inter, f"mlp_decode: x {tuple(x.shape)}, weights {n} x {k}, {h} x {inter}"
+    m = x.shape[0]
+    gate_up_out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    hidden = torch.empty((m, inter), dtype=x.dtype, device=x.device)
+    out = torch.empty((m, h), dtype=x.dtype, device=x.device)
+    gplan = _decode_plan(x, gops, gate_up_out)
+    # tuned (on the first call) over a hidden not yet written: timing only
+    dplan = _decode_plan(hidden, dops, out)
+    group = operand_group(down)
+    launches = [(p.config.warps, p.config.stages) for p in (gplan, dplan)]
+    if group % (gplan.config.bn // 2) != 0 or launches[0] != launches[1]:
+        return None
+    operand = DecodeOperand.empty(m, inter, group, needs_group_sums(down), x.device)
+    pool = tile_counters(x.device, 0)
+    g_grid, g_args, g_kw, used = _decode_args(x, gops, gate_up_out, gplan, False, None,
+                                              (hidden, operand), pool)
+    d_grid, d_args, d_kw, d_used = _decode_args(hidden, dops, out, dplan, False, operand,
+                                                None, pool[used:])
+    sync = pool[used + d_used:]  # the work ticket, then each down split's ready and done counts
+    assert used + d_used + 1 + 2 * dplan.splits <= pool.numel(), "mlp_decode: too many counters"
+    launch_kw = {key: g_kw.pop(key) for key in ("num_warps", "num_stages")}
+    del d_kw["num_warps"], d_kw["num_stages"]
+    if not INTERPRET:  # the occupancy the plans were tuned at (`DecodeConfig.per_sm`)
+        per_sm = min(gplan.config.per_sm, dplan.config.per_sm)
+        launch_kw["maxnreg"] = _REGISTERS // (per_sm * 32 * launch_kw["num_warps"]) // 8 * 8
+    launch(_mlp_block_kernel, (math.prod(g_grid) + math.prod(d_grid),), *g_args, g_grid[0],
+           *d_args, d_grid[0], sync, **{f"G_{key}": v for key, v in g_kw.items()},
+           **{f"D_{key}": v for key, v in d_kw.items()}, **launch_kw, **options(x.device))
+    return out
+
+
+_REGISTERS = 65536  # an SM's 32-bit registers (sm_80 to sm_90)
+
+
 def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool,
                    operand: DecodeOperand | None = None) -> None:
     """The decode kernel with the plan tuned for this weight shape and row tile."""
@@ -640,6 +691,19 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
                 swiglu: bool = False, operand: DecodeOperand | None = None,
                 hand_on: tuple[torch.Tensor, DecodeOperand] | None = None) -> None:
     """hand_on (`swiglu_decode`): the SiLU product's buffer [M, N/2] and its operand's."""
+    grid, args, kw, _ = _decode_args(x, ops, out, plan, swiglu, operand, hand_on,
+                                     tile_counters(x.device, 0))
+    launch(_decode_kernel, grid, *args, **kw, **options(x.device))
+
+
+def _decode_args(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: DecodePlan,
+                 swiglu: bool, operand: DecodeOperand | None,
+                 hand_on: tuple[torch.Tensor, DecodeOperand] | None, counters: torch.Tensor
+                 ) -> tuple[tuple[int, int], list, dict, int]:
+    """(grid, arguments, compile-time arguments and launch options, counters used) of
+    `_decode_kernel`, its arrival counters (row tiles', then hand-on operand groups') from
+    the start of `counters` (zeroed, left zeroed). The activation pass runs here where no
+    `operand` is given."""
     m, n, k = x.shape[0], out.shape[1], ops.words.shape[1] * 8
     c = plan.config
     if operand is None:
@@ -650,19 +714,18 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
     tiles = triton.cdiv(n, c.bn)
     hidden, handed = hand_on or (out, None)
     groups = 0 if handed is None else triton.cdiv(n // 2, handed.group)
-    counters = tile_counters(x.device, tiles + groups)  # row tiles', then operand groups'
+    used = tiles + groups
+    assert used <= counters.numel(), f"{used} counters: more than the buffer holds"
     parts = out if plan.splits == 1 else torch.empty((plan.splits, m, n), dtype=torch.float32,
                                                      device=x.device)
-    launch(
-        _decode_kernel, (tiles, plan.splits),
-        operand.xo, operand.inv, operand.xsum, ops.words, ops.scale, ops.zero, ops.gscale,
-        parts, counters, out, hidden, *operand_buffers(handed, out), counters[tiles:], m, n, k,
-        ops.words.stride(0),
-        ops.scale.stride(0), plan.split_len, HAND_ON=handed is not None,
-        OUT_GROUP=c.bn if handed is None else handed.group,
-        OUT_SUMS=handed is not None and handed.sums,
-        PREFETCH=prefetches(ops.words, k, plan.split_len),
-        **decode_tile_args(ops.layout, c, n, k, m), **options(x.device))
+    args = [operand.xo, operand.inv, operand.xsum, ops.words, ops.scale, ops.zero, ops.gscale,
+            parts, counters, out, hidden, *operand_buffers(handed, out), counters[tiles:], m,
+            n, k, ops.words.stride(0), ops.scale.stride(0), plan.split_len, plan.splits]
+    kw = dict(HAND_ON=handed is not None, OUT_GROUP=c.bn if handed is None else handed.group,
+              OUT_SUMS=handed is not None and handed.sums,
+              PREFETCH=prefetches(ops.words, k, plan.split_len),
+              **decode_tile_args(ops.layout, c, n, k, m))
+    return (tiles, plan.splits), args, kw, used
 
 
 def prefetches(words: torch.Tensor, k: int, split_len: int) -> bool:
@@ -972,8 +1035,11 @@ if triton is not None:
         """A (row tile, K split) program of a skinny product out [M, N] = x [M, K] @ w^T:
         (tile, split, its BN weight rows and which exist, its BM activation rows and which
         exist, its inputs [k_lo, k_hi))."""
-        tile = tl.program_id(0)
-        split = tl.program_id(1)
+        return split_item(tl.program_id(0), tl.program_id(1), M, N, K, split_len, BM, BN)
+
+    @triton.jit
+    def split_item(tile, split, M, N, K, split_len, BM: tl.constexpr, BN: tl.constexpr):
+        """`split_program` of the work item (row tile, K split)."""
         rows = tile * BN + tl.arange(0, BN)
         ms = tl.arange(0, BM)
         k_lo = split * split_len
@@ -1033,7 +1099,8 @@ if triton is not None:
         of columns tile * BN/2 on, then their up rows N/2 later): stores silu(gate) * up into
         hidden [M, N/2] (as silu_and_mul rounds it); the last of the tiles of its operand
         group to get here writes that group of hidden's decode operand (`store_operand`, the
-        bits the down GEMV's own activation pass makes) and zeroes the group's counter."""
+        bits the down GEMV's own activation pass makes) and zeroes the group's counter.
+        Whether this program wrote the group."""
         HALF: tl.constexpr = BN // 2
         inter = N // 2
         ms = tl.arange(0, BM)
@@ -1047,27 +1114,46 @@ if triton is not None:
                      cache_modifier=".cg").to(tl.float32)
         tl.store(hidden_ptr + ms.to(tl.int64)[:, None] * inter + cols[None, :],
                  silu_mul(gate, up, hidden_ptr.dtype.element_ty), mask=mask)
-        store_operand_group(hidden_ptr, ms, m_ok, M, inter, tile, tl.cdiv(inter, HALF),
-                            ticket_ptr, xo_ptr, inv_ptr, xsum_ptr, HALF, GROUP, HAS_SUM)
+        return store_operand_group(hidden_ptr, ms, m_ok, M, inter, tile, tl.cdiv(inter, HALF),
+                                   ticket_ptr, xo_ptr, inv_ptr, xsum_ptr, HALF, GROUP, HAS_SUM)
 
     @triton.jit
     def _decode_kernel(xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, g_ptr, part_ptr,
                        counter_ptr, out_ptr, hidden_ptr, hxo_ptr, hinv_ptr, hxsum_ptr,
-                       ticket_ptr, M, N, K, stride_w, stride_s, split_len,
+                       ticket_ptr, M, N, K, stride_w, stride_s, split_len, splits,
                        SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
                        ASM: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
                        BN: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr,
                        HAND_ON: tl.constexpr,
                        OUT_GROUP: tl.constexpr, OUT_SUMS: tl.constexpr,
                        PREFETCH: tl.constexpr, GDC: tl.constexpr):
-        """out[:, rows of tile pid 0] from the activation operands of `activation_kernel`,
-        over K split pid 1 of num_programs(1) (`_finish_tile` adds the splits). PREFETCH:
-        the program's first codes are requested into L2 before anything else. HAND_ON
+        """`_decode_item` (row tile pid 0, K split pid 1 of `splits`), a program each. The
+        splits are an argument, not num_programs(1): read before the K loop, that kept a
+        register through it (groupwise-int's down 72 -> 80 registers, sm_90, Triton 3.6)."""
+        _decode_item(tl.program_id(0), tl.program_id(1), splits, xo_ptr, inv_ptr,
+                     xsum_ptr, w_ptr, s_ptr, z_ptr, g_ptr, part_ptr, counter_ptr, out_ptr,
+                     hidden_ptr, hxo_ptr, hinv_ptr, hxsum_ptr, ticket_ptr, M, N, K, stride_w,
+                     stride_s, split_len, SCHEME, WPS, BM, ASM, EVEN_K, EVEN_N, BN, BK, DOTS,
+                     HAND_ON, OUT_GROUP, OUT_SUMS, PREFETCH, GDC)
+
+    @triton.jit
+    def _decode_item(tile, pid_k, splits, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, g_ptr,
+                     part_ptr, counter_ptr, out_ptr, hidden_ptr, hxo_ptr, hinv_ptr, hxsum_ptr,
+                     ticket_ptr, M, N, K, stride_w, stride_s, split_len,
+                     SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
+                     ASM: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                     BN: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr,
+                     HAND_ON: tl.constexpr, OUT_GROUP: tl.constexpr, OUT_SUMS: tl.constexpr,
+                     PREFETCH: tl.constexpr, GDC: tl.constexpr):
+        """out[:, rows of tile `tile`] from the activation operands of `activation_kernel`,
+        over K split pid_k of `splits` (`_finish_tile` adds the splits). PREFETCH: the
+        program's first codes are requested into L2 before anything else. HAND_ON
         (`swiglu_decode`): a tile's rows are BN/2 gate rows and their up rows N/2 later, and
-        the program that stores it hands the SiLU product on (`_hand_on_swiglu`)."""
+        the program that stores it hands the SiLU product on (`_hand_on_swiglu`). Whether
+        this program wrote a group of that product's operand."""
         tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
-        tile, pid_k, rows, row_ok, ms, m_ok, k_lo, k_hi = split_program(M, N, K, split_len,
-                                                                        BM, BN)
+        tile, pid_k, rows, row_ok, ms, m_ok, k_lo, k_hi = split_item(tile, pid_k, M, N, K,
+                                                                     split_len, BM, BN)
         if HAND_ON:
             i = tl.arange(0, BN)
             cols = tile * (BN // 2) + i % (BN // 2)
@@ -1085,13 +1171,78 @@ if triton is not None:
             acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr,
                               rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_w,
                               stride_s, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS)
-        last = _finish_tile(decode_result(acc, SCHEME), pid_k, tl.num_programs(1), part_ptr,
+        last = _finish_tile(decode_result(acc, SCHEME), pid_k, splits, part_ptr,
                             counter_ptr + tile, g_ptr, out_ptr, rows, row_ok, ms, m_ok, M, N,
                             SCHEME)
+        wrote = last & (tile < 0)  # False
         if HAND_ON:  # noqa: SIM102 (a constexpr: no code for it when off)
             if last:
-                _hand_on_swiglu(out_ptr, hidden_ptr, hxo_ptr, hinv_ptr, hxsum_ptr, ticket_ptr,
-                                tile, M, N, BM, BN, OUT_GROUP, OUT_SUMS)
+                wrote = _hand_on_swiglu(out_ptr, hidden_ptr, hxo_ptr, hinv_ptr, hxsum_ptr,
+                                        ticket_ptr, tile, M, N, BM, BN, OUT_GROUP, OUT_SUMS)
+        return wrote
+
+    @triton.jit
+    def _mlp_block_kernel(
+        g_xo_ptr, g_inv_ptr, g_xsum_ptr, g_w_ptr, g_s_ptr, g_z_ptr, g_g_ptr, g_part_ptr,
+        g_counter_ptr, g_out_ptr, g_hidden_ptr, g_hxo_ptr, g_hinv_ptr, g_hxsum_ptr,
+        g_ticket_ptr, g_M, g_N, g_K, g_stride_w, g_stride_s, g_split_len, g_splits, g_tiles,
+        d_xo_ptr, d_inv_ptr, d_xsum_ptr, d_w_ptr, d_s_ptr, d_z_ptr, d_g_ptr, d_part_ptr,
+        d_counter_ptr, d_out_ptr, d_hidden_ptr, d_hxo_ptr, d_hinv_ptr, d_hxsum_ptr,
+        d_ticket_ptr, d_M, d_N, d_K, d_stride_w, d_stride_s, d_split_len, d_splits, d_tiles,
+        sync_ptr, G_SCHEME: tl.constexpr, G_WPS: tl.constexpr, G_BM: tl.constexpr,
+        G_ASM: tl.constexpr, G_EVEN_K: tl.constexpr, G_EVEN_N: tl.constexpr,
+        G_BN: tl.constexpr, G_BK: tl.constexpr, G_DOTS: tl.constexpr, G_HAND_ON: tl.constexpr,
+        G_OUT_GROUP: tl.constexpr, G_OUT_SUMS: tl.constexpr, G_PREFETCH: tl.constexpr,
+        D_SCHEME: tl.constexpr, D_WPS: tl.constexpr, D_BM: tl.constexpr, D_ASM: tl.constexpr,
+        D_EVEN_K: tl.constexpr, D_EVEN_N: tl.constexpr, D_BN: tl.constexpr,
+        D_BK: tl.constexpr, D_DOTS: tl.constexpr, D_HAND_ON: tl.constexpr,
+        D_OUT_GROUP: tl.constexpr, D_OUT_SUMS: tl.constexpr, D_PREFETCH: tl.constexpr,
+        GDC: tl.constexpr
+    ):
+        """The two GEMVs of `mlp_decode` in one launch, a work item a program (`_decode_item`):
+        gate|up's items (g_*, G_*; row tile by row tile) then down's (d_*, D_*; K split by K
+        split), each program taking the next from a ticket (sync_ptr[0]). A down item waits
+        only until the gate|up items have written the operand groups of its K split (counted
+        in sync_ptr[1 + split]); every item it waits on was taken before its own by a program
+        already running, so none can wait forever, whatever the GPU keeps resident. The last
+        program to take a ticket zeroes it, the last down item of a split the split's counts
+        (sync_ptr[1 + d_splits + split]): all zero again for the next launch."""
+        wait_for_inputs(GDC)
+        g_items = g_tiles * g_splits
+        items = g_items + d_tiles * d_splits
+        ready_ptr = sync_ptr + 1
+        done_ptr = ready_ptr + d_splits
+        item = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+        if item == items - 1:
+            tl.store(sync_ptr, 0)
+        if item < g_items:
+            tile = item // g_splits
+            wrote = _decode_item(
+                tile, item % g_splits, g_splits, g_xo_ptr, g_inv_ptr, g_xsum_ptr, g_w_ptr,
+                g_s_ptr, g_z_ptr, g_g_ptr, g_part_ptr, g_counter_ptr, g_out_ptr, g_hidden_ptr,
+                g_hxo_ptr, g_hinv_ptr, g_hxsum_ptr, g_ticket_ptr, g_M, g_N, g_K, g_stride_w,
+                g_stride_s, g_split_len, G_SCHEME, G_WPS, G_BM, G_ASM, G_EVEN_K, G_EVEN_N,
+                G_BN, G_BK, G_DOTS, G_HAND_ON, G_OUT_GROUP, G_OUT_SUMS, G_PREFETCH, False)
+            if wrote:
+                group = tile * (G_BN // 2) // G_OUT_GROUP
+                tl.debug_barrier()  # the group's operand is stored before its split counts it
+                tl.atomic_add(ready_ptr + group * G_OUT_GROUP // d_split_len, 1, sem="release")
+        else:
+            split = (item - g_items) // d_tiles
+            groups = tl.cdiv(tl.minimum(d_split_len, d_K - split * d_split_len), G_OUT_GROUP)
+            while tl.atomic_add(ready_ptr + split, 0, sem="acquire") < groups:
+                pass
+            tl.debug_barrier()  # no thread reads the operand before the wait has ended
+            _decode_item(
+                (item - g_items) % d_tiles, split, d_splits, d_xo_ptr, d_inv_ptr, d_xsum_ptr,
+                d_w_ptr, d_s_ptr, d_z_ptr, d_g_ptr, d_part_ptr, d_counter_ptr, d_out_ptr,
+                d_hidden_ptr, d_hxo_ptr, d_hinv_ptr, d_hxsum_ptr, d_ticket_ptr, d_M, d_N, d_K,
+                d_stride_w, d_stride_s, d_split_len, D_SCHEME, D_WPS, D_BM, D_ASM, D_EVEN_K,
+                D_EVEN_N, D_BN, D_BK, D_DOTS, D_HAND_ON, D_OUT_GROUP, D_OUT_SUMS, D_PREFETCH,
+                False)
+            if tl.atomic_add(done_ptr + split, 1, sem="relaxed") == d_tiles - 1:
+                tl.store(ready_ptr + split, 0)
+                tl.store(done_ptr + split, 0)
 
     @triton.jit
     def operand_tile(w_ptr, s_ptr, rows, row_ok, k0, stride_w, stride_s, BK: tl.constexpr,
