@@ -187,7 +187,8 @@ def test_triton_compiles_records_each_variant_and_what_sets_it_apart() -> None:
 
 def test_tuned_choices_name_each_plan_and_config(monkeypatch: pytest.MonkeyPatch) -> None:
     """The report lists what the tuners picked: decode GEMV plans by weight shape and row
-    tile, MoE stage plans, attention configs by their autotune key."""
+    tile (and those tuned to share the MLP's launch), MoE stage plans, attention configs by
+    their autotune key."""
     import torch
     import triton
 
@@ -200,7 +201,9 @@ def test_tuned_choices_name_each_plan_and_config(monkeypatch: pytest.MonkeyPatch
         (5120, 17408, 8, False, 0, torch.bfloat16, False, cuda):
             quant_linear.DecodePlan(config, 1024, 17),
         (5120, 17408, 8, True, 0, torch.bfloat16, False, cuda):
-            quant_linear.DecodePlan(config, 2560, 7)})
+            quant_linear.DecodePlan(config, 2560, 7),
+        (5120, 17408, 8, True, 0, torch.bfloat16, False, cuda, (4, 3)):
+            quant_linear.DecodePlan(config, 2048, 9)})
     monkeypatch.setattr(moe, "_stage_plans", {
         (1, 8, 512, 2048, 0, True, torch.bfloat16, cuda): moe._StagePlan(config, 2)})
     monkeypatch.setattr(attention._paged_attention_kernel, "cache", {
@@ -211,11 +214,13 @@ def test_tuned_choices_name_each_plan_and_config(monkeypatch: pytest.MonkeyPatch
                         "3 stages, 2 dots, 17 splits")
     assert lines[1] == ("decode GEMV 5120 x 17408, one row: BN 128 BK 256, 4 warps, "
                         "3 stages, 2 dots, 7 splits")
-    assert lines[2].startswith("MoE gate_up stage 512 x 2048, 1 tokens x top-8: BN 128")
-    assert lines[3].startswith("paged attention BLOCK_M 16, GROUP_HEADS 6, HEAD_DIM 256, "
+    assert lines[2] == ("decode GEMV 5120 x 17408, one row, in the MLP's launch: BN 128 BK "
+                        "256, 4 warps, 3 stages, 2 dots, 9 splits")
+    assert lines[3].startswith("MoE gate_up stage 512 x 2048, 1 tokens x top-8: BN 128")
+    assert lines[4].startswith("paged attention BLOCK_M 16, GROUP_HEADS 6, HEAD_DIM 256, "
                                "QUANT True, NUM_SPLITS 64, CAUSAL True, HAS_WINDOW False, "
                                "ASM True: ")
-    assert "PREFETCH: True" in lines[3] and len(lines) == 4
+    assert "PREFETCH: True" in lines[4] and len(lines) == 5
 
 
 def test_the_kernel_breakdown_counts_each_kernels_launches() -> None:

@@ -195,9 +195,11 @@ def tuned_choices() -> list[str]:
     from ninfer_runtime.ops import attention, moe, quant_linear
 
     lines = []
-    for (n, k, rows, one_row, *_), plan in quant_linear._decode_plans.items():
+    for (n, k, rows, one_row, *rest), plan in quant_linear._decode_plans.items():
         c = plan.config
         shown = "one row" if one_row else f"{rows}-row tile"
+        if isinstance(rest[-1], tuple):  # tuned to share gate|up's launch (`mlp_decode`)
+            shown += ", in the MLP's launch"
         lines.append(f"decode GEMV {n} x {k}, {shown}: BN {c.bn} BK {c.bk}, "
                      f"{c.warps} warps, {c.stages} stages, {c.dots} dots, {plan.splits} splits")
     for (tokens, top_k, n, k, _, swiglu, *_), stage in moe._stage_plans.items():

@@ -502,13 +502,15 @@ def swiglu_decode(x: torch.Tensor, w: PackedWeight, spec: tuple[int, bool]
 def mlp_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight
                ) -> torch.Tensor | None:
     """down(silu_and_mul(x @ gate_up^T)) for a decode step's x [M, H], a fused [gate | up]
-    weight [2I, H] and down [H, I]: both GEMVs in one launch (`_mlp_block_kernel`), each
-    with its own tuned plan. The gate|up items hand the SiLU product's operand on as
+    weight [2I, H] and down [H, I]: both GEMVs in one launch (`_mlp_block_kernel`). The
+    gate|up items hand the SiLU product's operand on as
     `swiglu_decode` does, and a down item waits only until the operand groups of its own K
     split are written, where the second launch waits for the whole first kernel to end and
-    then fills the GPU again. The bits of `swiglu_decode` then the down GEMV. None where that
-    hand-on does not fit the tuned gate|up tile, or where the two plans launch differently
-    (warps, pipeline stages): the caller runs the two launches."""
+    then fills the GPU again. The bits of `swiglu_decode` then the down GEMV. gate|up takes
+    its own tuned plan, down the fastest of its candidates that launch as that one does
+    (warps, pipeline stages: a launch has one of each), tuned under a key of its own. None
+    where the hand-on does not fit the gate|up tile or no down candidate launches so: the
+    caller runs the two launches."""
     gops, dops = _operands(gate_up), _operands(down)
     n, k = gate_up.shape
     h, inter = down.shape
@@ -519,11 +521,13 @@ def mlp_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight
     hidden = torch.empty((m, inter), dtype=x.dtype, device=x.device)
     out = torch.empty((m, h), dtype=x.dtype, device=x.device)
     gplan = _decode_plan(x, gops, gate_up_out)
-    # tuned (on the first call) over a hidden not yet written: timing only
-    dplan = _decode_plan(hidden, dops, out)
     group = operand_group(down)
-    launches = [(p.config.warps, p.config.stages) for p in (gplan, dplan)]
-    if group % (gplan.config.bn // 2) != 0 or launches[0] != launches[1]:
+    if group % (gplan.config.bn // 2) != 0:
+        return None
+    # tuned (on the first call) over a hidden not yet written: timing only
+    dplan = _decode_plan(hidden, dops, out, launched_as=(gplan.config.warps,
+                                                         gplan.config.stages))
+    if dplan is None:
         return None
     operand = DecodeOperand.empty(m, inter, group, needs_group_sums(down), x.device)
     pool = tile_counters(x.device, 0)
@@ -553,15 +557,23 @@ def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: b
     _run_decode(x, ops, out, _decode_plan(x, ops, out, swiglu), swiglu, operand)
 
 
-def _decode_plan(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool = False
-                 ) -> DecodePlan:
+def _decode_plan(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool = False,
+                 launched_as: tuple[int, int] | None = None) -> DecodePlan | None:
     """The plan for this weight shape and x's rows (`decode_plan_rows`): every candidate
     timed as CUDA-graph replays streaming over copies of the weight on the first call (before
     any graph captures the step, as the engine's warm-up guarantees), then reused for every M
-    of the same tile (one row apart)."""
+    of the same tile (one row apart). With `launched_as` (warps, pipeline stages: a plan to
+    share a launch with, `mlp_decode`), the fastest of the candidates that launch so, under a
+    key of its own; None if no candidate does."""
     n, k = out.shape[1], ops.words.shape[1] * 8
-    return tuned_plan(_decode_plans, _decode_key(n, k, ops.layout, x),
-                      lambda: decode_candidates(n, k, ops.layout.scheme, x.device),
+    key = _decode_key(n, k, ops.layout, x)
+    candidates = decode_candidates(n, k, ops.layout.scheme, x.device)
+    if launched_as is not None:
+        key = (*key, launched_as)
+        candidates = [p for p in candidates if (p.config.warps, p.config.stages) == launched_as]
+        if not candidates:
+            return None
+    return tuned_plan(_decode_plans, key, lambda: candidates,
                       lambda: decode_runs(x, ops, out, swiglu), x.device)
 
 
