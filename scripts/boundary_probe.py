@@ -54,14 +54,13 @@ def _stream(w_ptr, n_words, pid, programs, BLOCK: tl.constexpr):
 @triton.jit
 def _step_kernel(w_ptr, n_words, step, tok_ptr, out_ptr, BLOCK: tl.constexpr,
                  GDC: tl.constexpr):
-    """Step `step`: read the token the previous step wrote (0), stream the step's slab from
-    an address that depends on it, store the program's sum; program 0 writes the next
+    """Step `step`: read the token the previous step wrote (0), stream the step's slab (at
+    w_ptr) from an address that depends on it, store the program's sum; program 0 writes the next
     token."""
     pid = tl.program_id(0)
     wait_for_inputs(GDC)
     tok = tl.load(tok_ptr + step)
-    total = _stream(w_ptr + tok + step.to(tl.int64) * n_words, n_words, pid,
-                    tl.num_programs(0), BLOCK)
+    total = _stream(w_ptr + tok, n_words, pid, tl.num_programs(0), BLOCK)
     tl.store(out_ptr + pid, total)
     if pid == 0:
         tl.store(tok_ptr + step + 1, tok)
@@ -102,7 +101,8 @@ def _calls(mb: float, steps: int, programs: int) -> dict:
     def kernels(launch: dict):
         def chain() -> None:
             for step in range(steps):
-                _step_kernel[(programs,)](w, n_words, step, tok, out, BLOCK=_BLOCK, **launch)
+                _step_kernel[(programs,)](w[step * n_words:], n_words, step, tok, out,
+                                          BLOCK=_BLOCK, **launch)
         return chain
 
     def persistent(barrier: bool):
