@@ -125,12 +125,9 @@ run_stage() {  # STAGE@MODE runs a suite stage in that speculative mode (ctx27@m
                    --concurrency 1 --no-breakdown --output "$out/nowave" ;;
     eng35nowave) NINFER_DECODE_WAVE_SPLIT=0 engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \
                    --no-breakdown --output "$out/nowave" ;;
-    # the MoE experts' decode stages as two launches (NINFER_MOE_BLOCK=0), the block's A/B
-    eng35twostage) NINFER_MOE_BLOCK=0 engine 300 qwen3_6_35b_a3b_nvfp4 --concurrency 1,8 \
-                   --no-breakdown --output "$out/twostage" ;;
-    # a dense MLP's two decode GEMVs in one launch (NINFER_MLP_BLOCK=1), against eng27q
-    eng27block) NINFER_MLP_BLOCK=1 engine 300 qwen3_6_27b_nvfp4 --concurrency 1 --no-breakdown \
-                --output "$out/mlp-block" ;;
+    # a dense MLP's two decode GEMVs as two launches (NINFER_MLP_BLOCK=0), the block's A/B
+    eng27twolaunch) NINFER_MLP_BLOCK=0 engine 300 qwen3_6_27b_nvfp4 --concurrency 1 \
+                    --no-breakdown --output "$out/two-launch" ;;
     # the 27B with the decode plans tprobe found fastest streaming (run tprobe first)
     eng27best) NINFER_HOME=$ART/best-home engine 300 qwen3_6_27b_nvfp4 --concurrency 1 \
                  --no-breakdown --output "$out/best" ;;

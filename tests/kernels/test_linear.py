@@ -550,18 +550,16 @@ def test_the_gate_up_gemv_hands_the_down_gemv_its_operand(scheme: str, inter: in
                                                     ("groupwise-int", 384, 2)])
 def test_the_mlp_block_keeps_the_two_launches_bits(scheme: str, inter: int, m: int,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """`mlp_decode` (NINFER_MLP_BLOCK=1): the MLP's two decode GEMVs in one launch give the
-    bits of the gate|up GEMV handing on its operand and the down GEMV after it, with down's
-    K split in several parts (its items wait on their own split's groups: nvfp4 768 has 3),
-    and leave every counter at zero; the model's `mlp` takes it. Off (the default), nothing."""
+    """`mlp_decode`: the MLP's two decode GEMVs in one launch give the bits of the gate|up
+    GEMV handing on its operand and the down GEMV after it, with down's K split in several
+    parts (its items wait on their own split's groups: nvfp4 768 has 3), and leave every
+    counter at zero; the model's `mlp` takes it. Off (NINFER_MLP_BLOCK=0), nothing."""
     gate_up = packed(scheme, 2 * inter, 256)
     down = packed(scheme, 96, inter, seed=1)
     x = rand(m, 256, dtype=HALF) * 4
     spec = (quant_linear.operand_group(down), quant_linear.needs_group_sums(down))
     hidden, operand = swiglu_with_operand(x, gate_up, spec)
     expect = linear(hidden, down, operand)
-    assert mlp_decode(x, gate_up, down) is None
-    monkeypatch.setattr(quant_linear, "MLP_BLOCK", True)
     assert torch.equal(mlp_decode(x, gate_up, down), expect)
     assert not quant_linear.tile_counters(x.device, 1).any()
     if inter == 768:
@@ -569,6 +567,8 @@ def test_the_mlp_block_keeps_the_two_launches_bits(scheme: str, inter: int, m: i
     assert torch.equal(mlp(x, MLPWeights(gate_up, down)), expect)
     assert mlp_decode(rand(quant_linear.SKINNY_MAX_M + 1, 256, dtype=HALF), gate_up,
                       down) is None
+    monkeypatch.setattr(quant_linear, "MLP_BLOCK", False)
+    assert mlp_decode(x, gate_up, down) is None
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

@@ -189,22 +189,18 @@ def test_decode_sizes_take_the_gemv_path(monkeypatch: pytest.MonkeyPatch) -> Non
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5 * expected.abs().max())
 
 
-# every config and split in one launch (the default), the two launches on a few
-@pytest.mark.parametrize(("scheme", "dots", "splits", "block"), [
-    *((scheme, dots, splits, True) for scheme in ("nvfp4", "int4") for dots in (2, 8)
-      for splits in (1, 3)),
-    ("nvfp4", 8, 3, False), ("int4", 2, 1, False)])
-def test_tensor_core_decode(scheme: str, dots: int, splits: int, block: bool,
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("dots", [2, 8])
+@pytest.mark.parametrize("scheme", ["nvfp4", "int4"])
+def test_tensor_core_decode(scheme: str, dots: int, splits: int,
                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Packed experts with half activations take the tensor-core stages (ops.quant_linear's
-    decode tile per pair), in one launch (`_launch_block`) or two; every config and K split
-    gives the reference, and every counter (the K parts' and a token's pairs' arrivals, the
-    block's ticket and pair counts) is left at zero."""
+    decode tile per pair); every config and K split gives the reference, and the arrival
+    counters that add the K parts and a token's pairs are left at zero."""
     ran = []
-    spied = "_launch_block" if block else "_tensor_core_stage"
-    stage = getattr(moe, spied)
-    monkeypatch.setattr(moe, spied, lambda *a, **kw: ran.append(1) or stage(*a, **kw))
-    monkeypatch.setattr(moe, "MOE_BLOCK", block)
+    stage = moe._tensor_core_stage
+    monkeypatch.setattr(moe, "_tensor_core_stage",
+                        lambda *a, **kw: ran.append(1) or stage(*a, **kw))
     hidden, inter = (768, 64) if scheme == "nvfp4" else (384, 128)
     for tokens, top_k in ((1, 2), (2, 3)):
         moe._stage_plans.clear()
@@ -218,25 +214,8 @@ def test_tensor_core_decode(scheme: str, dots: int, splits: int, block: bool,
         expected = moe_experts_ref(x.float(), gate_up, down, weights, ids)
         torch.testing.assert_close(out.float(), expected, rtol=4e-3,
                                    atol=4e-3 * expected.abs().max().item())
-        assert not quant_linear.tile_counters(x.device, 0).any()
-    assert len(ran) == (2 if block else 4)  # a launch or two stages, two cases
-
-
-@pytest.mark.parametrize("scheme", ["nvfp4", "int4"])
-def test_the_block_launch_keeps_the_two_launches_bits(scheme: str,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """`_launch_block` runs the two stages' items as their own launches do: the same output
-    bits, for tokens that share experts and split K."""
-    hidden, inter = (768, 64) if scheme == "nvfp4" else (384, 128)
-    x, gate_up, down, weights, ids = experts_case(scheme, 3, hidden, inter, HALF, top_k=3)
-    candidate = moe._stage_candidates(inter, hidden, moe.NVFP4 if scheme == "nvfp4"
-                                      else moe.INT4, True)[0]
-    monkeypatch.setattr(moe, "_stage_candidates", lambda *a: [dataclasses.replace(
-        candidate, splits=2)])
-    moe._stage_plans.clear()
-    block = _launch_moe_decode(x, gate_up, down, weights, ids)
-    monkeypatch.setattr(moe, "MOE_BLOCK", False)
-    assert torch.equal(block, _launch_moe_decode(x, gate_up, down, weights, ids))
+        assert not quant_linear.tile_counters(x.device, 1).any()
+    assert len(ran) == 4  # two stages, two cases
 
 
 @pytest.mark.parametrize("tokens", [1, 5])

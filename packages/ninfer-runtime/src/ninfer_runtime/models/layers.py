@@ -119,7 +119,7 @@ def _chunked_gdn(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, w: GDNWe
 def mlp(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
     """SwiGLU MLP: down(silu(gate(x)) * up(x)). At decode the gate|up GEMV can hand the SiLU
     product on as the down GEMV's operand (x stands in for that product's rows in the spec:
-    the same rows, dtype and device). With NINFER_MLP_BLOCK=1 the two GEMVs run as one launch
+    the same rows, dtype and device); the two GEMVs run as one launch where they can
     (`mlp_decode`)."""
     out = mlp_decode(x, w.gate_up_proj, w.down_proj)
     if out is not None:

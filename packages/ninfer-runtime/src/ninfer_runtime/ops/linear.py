@@ -92,8 +92,9 @@ def swiglu_with_operand(x: torch.Tensor, w: Weight, spec: tuple[int, bool] | Non
 
 def mlp_decode(x: torch.Tensor, gate_up: Weight, down: Weight) -> torch.Tensor | None:
     """linear(silu_and_mul(linear(x, gate_up)), down) for a decode step's rows, both GEMVs in
-    one launch (`quant_linear.mlp_decode`) where NINFER_MLP_BLOCK=1 and both weights take the
-    decode GEMV; else None (the caller runs `swiglu_with_operand`, then the down GEMV)."""
+    one launch (`quant_linear.mlp_decode`) where both weights take the decode GEMV (and
+    NINFER_MLP_BLOCK is not 0); else None (the caller runs `swiglu_with_operand`, then the
+    down GEMV)."""
     rows = x.reshape(-1, x.shape[-1])
     if (not quant_linear.MLP_BLOCK or rows.stride(-1) != 1 or not quant_linear.decodes(rows)
             or not _packed_kernels(x, gate_up) or not _packed_kernels(x, down)):

@@ -24,10 +24,9 @@ Each op has a torch reference (`*_ref`, the oracle and the CPU path) and a Trito
   program to arrive, in a fixed order. The gate|up stage also writes the down stage's
   activation operand (the last column tile of each operand group to be stored writes that
   group), and the router's kernel writes gate|up's (`router`): neither stage launches an
-  activation pass. The two stages run in one launch (`_moe_block_kernel`): programs take
-  work items from a ticket, gate|up's first, and a down item waits only for its own pair's
-  hidden operand, so a MoE layer's decode pays one kernel boundary fewer (a 35B-A3B layer's
-  ~10 launches take ~64 us on the H200 where its bytes take ~11, docs/perf.md).
+  activation pass. (The two stages in one launch, a down item waiting only for its own
+  pair's hidden operand, ran the 35B-A3B 3.8% slower on an H100: docs/perf.md, thirtieth
+  run.)
 - `moe_experts` for prompts, two paths, each ending in `_combine` (a program per token adds
   its k rows times their routing weights in slot order, fp32, rounded once):
   - in registers: the T*k pairs are sorted by expert into blocks of BLOCK_M rows (`align`:
@@ -56,8 +55,6 @@ applies the group scale to fp32 partial sums instead); the two agree to rounding
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass
 from functools import cache
 
@@ -106,14 +103,6 @@ DEQUANT_MIN_ROWS = 192
 # Up to this many tokens moe_experts takes the GEMV path: a pair's expert is read by its own
 # programs (L2 absorbs repeats of an expert within the step); above it, sorting by expert pays.
 DECODE_MAX_TOKENS = 16
-# both tensor-core decode stages in one launch (`_moe_block_kernel`); NINFER_MOE_BLOCK=0 runs
-# them as two, the A/B of that change on the GPU
-MOE_BLOCK = os.environ.get("NINFER_MOE_BLOCK", "1") != "0"
-# the block's register cap a thread, so that as many of its 4-warp programs fit an SM as of
-# the more resident stage's own kernel (sm_90 SASS, Triton 3.6, the 35B-A3B's shapes): nvfp4
-# 5 (gate|up alone 105 registers, 4 an SM; down 96, 5; the block 150 uncapped, 95 capped),
-# groupwise-int 8 (60 and 63 alone, the block 96 uncapped, 64 capped); no spills
-_BLOCK_MAXNREG = {NVFP4: 96, INT4: 64}
 
 
 # ---- references ----
@@ -535,13 +524,9 @@ def _launch_moe_decode(x: torch.Tensor, gate_up: ExpertWeight, down: ExpertWeigh
         hidden_operand = quant_linear.DecodeOperand.empty(
             t * top_k, inter, quant_linear.operand_group(down), quant_linear.needs_group_sums(down),
             x.device)
-        if MOE_BLOCK:
-            _launch_block(x, gu, dn, hidden, out, ids, weights, operand, hidden_operand)
-        else:
-            _tensor_core_stage(x, gu, hidden, ids, weights, swiglu=True, operand=operand,
-                               hand_on=hidden_operand)
-            _tensor_core_stage(hidden, dn, out, ids, weights, swiglu=False,
-                               operand=hidden_operand)
+        _tensor_core_stage(x, gu, hidden, ids, weights, swiglu=True, operand=operand,
+                           hand_on=hidden_operand)
+        _tensor_core_stage(hidden, dn, out, ids, weights, swiglu=False, operand=hidden_operand)
         return out
     assert operand is None, "moe_experts: an operand for the CUDA-core stages"
     for a, w, dst, programs, swiglu in ((x, gu, hidden, t * top_k, True),
@@ -601,50 +586,16 @@ def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: tor
     `operand`, where given, is used instead of the stage's own activation pass. `hand_on`
     (gate|up only): buffers the stage writes its output's operand into (for the down stage),
     a group by the last of its column tiles to be stored (`_hand_on_operand`)."""
-    _run_stage(a, w, out, ids, weights, swiglu, _stage_plan(a, w, out, ids, weights, swiglu),
-               operand, hand_on)
-
-
-def _stage_plan(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tensor,
-                weights: torch.Tensor, swiglu: bool) -> _StagePlan:
-    """The stage's plan, timed on its first call for the shape (`_tensor_core_stage`)."""
     e, rows, k = w.shape
     n = rows // 2 if swiglu else rows
     # tuned per power of two of the token count (the warm-up meets each, engine.warmup)
     key = (triton.next_power_of_2(ids.shape[0]), ids.shape[1], n, k, w.scheme, swiglu, a.dtype,
            l2_prefetch(a.device), a.device)
-    return quant_linear.tuned_plan(
+    plan = quant_linear.tuned_plan(
         _stage_plans, key, lambda: _stage_candidates(n, k, w.scheme, swiglu),
         lambda: [lambda c, i=i: _run_stage(a, w, out, i, weights, swiglu, c)
                  for i in _rotated_ids(ids, w)], a.device)
-
-
-def _launch_block(x: torch.Tensor, gu: _Experts, dn: _Experts, hidden: torch.Tensor,
-                  out: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                  operand: quant_linear.DecodeOperand | None,
-                  hidden_operand: quant_linear.DecodeOperand) -> None:
-    """Both tensor-core stages in one launch (`_moe_block_kernel`), each with its own plan;
-    the same bits as the two launches of `_tensor_core_stage`."""
-    gplan = _stage_plan(x, gu, hidden, ids, weights, True)
-    dplan = _stage_plan(hidden, dn, out, ids, weights, False)
-    assert (gplan.config.warps, gplan.config.stages) == (dplan.config.warps,
-                                                         dplan.config.stages), \
-        "moe_experts: the stages' plans launch alike"
-    pool = quant_linear.tile_counters(x.device, 0)
-    g_grid, g_args, g_kw, used = _stage_args(x, gu, hidden, ids, weights, True, gplan, operand,
-                                             hidden_operand, pool)
-    d_grid, d_args, d_kw, d_used = _stage_args(hidden, dn, out, ids, weights, False, dplan,
-                                               hidden_operand, None, pool[used:])
-    pairs = g_grid[0]
-    sync = pool[used + d_used:]  # the work ticket, then each pair's ready and done counts
-    assert used + d_used + 1 + 2 * pairs <= pool.numel(), "moe_experts: too many counters"
-    launch_kw = {k: g_kw.pop(k) for k in ("num_warps", "num_stages")}
-    del d_kw["num_warps"], d_kw["num_stages"]
-    if not INTERPRET:
-        launch_kw["maxnreg"] = _BLOCK_MAXNREG[gu.scheme]
-    launch(_moe_block_kernel, (math.prod(g_grid) + math.prod(d_grid),), *g_args, *d_args,
-           sync, **{f"G_{k}": v for k, v in g_kw.items()}, **{f"D_{k}": v for k, v in d_kw.items()},
-           **launch_kw, **options(x.device))
+    _run_stage(a, w, out, ids, weights, swiglu, plan, operand, hand_on)
 
 
 def _rotated_ids(ids: torch.Tensor, w: _Experts) -> list[torch.Tensor]:
@@ -665,19 +616,6 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
                weights: torch.Tensor, swiglu: bool, plan: _StagePlan,
                operand: quant_linear.DecodeOperand | None = None,
                hand_on: quant_linear.DecodeOperand | None = None) -> None:
-    grid, args, kw, _ = _stage_args(a, w, out, ids, weights, swiglu, plan, operand, hand_on,
-                                    quant_linear.tile_counters(a.device, 0))
-    launch(_decode_experts_kernel, grid, *args, **kw, **options(a.device))
-
-
-def _stage_args(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tensor,
-                weights: torch.Tensor, swiglu: bool, plan: _StagePlan,
-                operand: quant_linear.DecodeOperand | None,
-                hand_on: quant_linear.DecodeOperand | None, counters: torch.Tensor
-                ) -> tuple[tuple[int, int, int], list, dict, int]:
-    """(grid, arguments, compile-time arguments and launch options, counters used) of a
-    stage's `_decode_experts_kernel`, its arrival counters from the start of `counters`
-    (zeroed, left zeroed). The activation pass runs here where no `operand` is given."""
     c = plan.config
     assert hand_on is None or (swiglu and hand_on.group % c.bn == 0), \
         "moe_experts: an output operand for gate|up in groups of whole column tiles"
@@ -697,18 +635,18 @@ def _stage_args(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tens
     words = w.weight.view(torch.int32)
     # arrival counters: (output row, column tile) for the K parts, then (pair, operand group)
     groups = pairs * triton.cdiv(n, hand_on.group) if hand_on else 0
-    assert outputs * tiles + groups <= counters.numel(), "moe_experts: too many counters"
-    args = [operand.xo, operand.inv, operand.xsum, words, w.scale, w.aux, part_buf, counters,
-            out, *quant_linear.operand_buffers(hand_on, out), counters[outputs * tiles:], ids,
-            weights, a.shape[0], n, k, top_k, words.stride(0), words.stride(1),
-            w.scale.stride(0), w.scale.stride(1), w.aux.stride(0), split_len, pairs, tiles,
-            splits]
-    kw = dict(SWIGLU=swiglu, HAND_ON=hand_on is not None,
-              OUT_GROUP=hand_on.group if hand_on else c.bn,
-              OUT_SUMS=hand_on is not None and hand_on.sums,
-              PREFETCH=quant_linear.prefetches(words, k, split_len),
-              **quant_linear.decode_tile_args(_DECODE_LAYOUTS[w.scheme], c, n, k, 1))
-    return (pairs, tiles, splits), args, kw, outputs * tiles + groups
+    counters = quant_linear.tile_counters(a.device, outputs * tiles + groups)
+    launch(
+        _decode_experts_kernel, (pairs, tiles, splits),
+        operand.xo, operand.inv, operand.xsum, words, w.scale, w.aux, part_buf, counters, out,
+        *quant_linear.operand_buffers(hand_on, out), counters[outputs * tiles:], ids, weights,
+        a.shape[0], n, k, top_k,
+        words.stride(0), words.stride(1), w.scale.stride(0), w.scale.stride(1),
+        w.aux.stride(0), split_len, SWIGLU=swiglu, HAND_ON=hand_on is not None,
+        OUT_GROUP=hand_on.group if hand_on else c.bn, OUT_SUMS=hand_on is not None and hand_on.sums,
+        PREFETCH=quant_linear.prefetches(words, k, split_len),
+        **quant_linear.decode_tile_args(_DECODE_LAYOUTS[w.scheme], c, n, k, 1),
+        **options(a.device))
 
 
 def _gemm_configs() -> list[triton.Config]:
@@ -1228,32 +1166,32 @@ if triton is not None:
         """Once column tile `tile` of the pair's hidden row is stored: the last of the tiles of
         its operand group to get here writes that group of the row's decode operand (the
         down stage's input; `store_operand`, the bits its activation pass would make of the
-        stored row) and zeroes the group's counter for the next launch. Whether this program
-        wrote the group."""
+        stored row) and zeroes the group's counter for the next launch."""
         rows = pair + tl.arange(0, 1)
-        return store_operand_group(hidden_ptr, rows, rows < pairs, pairs, N, tile, tiles,
-                                   ticket_ptr + pair * tl.cdiv(tiles, GROUP // BN), xo_ptr,
-                                   inv_ptr, xsum_ptr, BN, GROUP, HAS_SUM)
+        store_operand_group(hidden_ptr, rows, rows < pairs, pairs, N, tile, tiles,
+                            ticket_ptr + pair * tl.cdiv(tiles, GROUP // BN), xo_ptr, inv_ptr,
+                            xsum_ptr, BN, GROUP, HAS_SUM)
 
     @triton.jit
-    def _experts_item(
-        pair, tile, split,
+    def _decode_experts_kernel(
         xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, aux_ptr, part_ptr, counter_ptr, out_ptr,
         oxo_ptr, oinv_ptr, oxsum_ptr, ticket_ptr, ids, route_weights, M, N, K, top_k,
-        stride_we, stride_wn, stride_se, stride_sn, stride_ae, split_len, pairs, tiles, splits,
-        SCHEME: tl.constexpr,
+        stride_we, stride_wn, stride_se, stride_sn, stride_ae, split_len, SCHEME: tl.constexpr,
         WPS: tl.constexpr, BM: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
         EVEN_N: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr,
-        SWIGLU: tl.constexpr, HAND_ON: tl.constexpr, OUT_GROUP: tl.constexpr,
-        OUT_SUMS: tl.constexpr, PREFETCH: tl.constexpr
+        SWIGLU: tl.constexpr,
+        HAND_ON: tl.constexpr, OUT_GROUP: tl.constexpr, OUT_SUMS: tl.constexpr,
+        PREFETCH: tl.constexpr, GDC: tl.constexpr
     ):
-        """Work item (pair, column tile, K split) of a stage of `pairs` x `tiles` x `splits`
-        (`_tensor_core_stage`), its inputs ready: the pair's activation row (gate|up: its
-        token's x, down: its hidden row) times BN output columns of its expert (gate|up: the
-        BN gate rows and the BN up rows N later), as a K part of the pair's output (gate|up)
-        or of its token's (down, routing weight applied). HAND_ON (gate|up): the output's
-        decode operand too, in groups of OUT_GROUP columns (`_hand_on_operand`). Whether it
-        wrote an operand group."""
+        """Program (pair, column tile, K split) of `_tensor_core_stage`: the pair's activation
+        row (gate|up: its token's x, down: its hidden row) times BN output columns of its
+        expert (gate|up: the BN gate rows and the BN up rows N later), as a K part of the
+        pair's output (gate|up) or of its token's (down, routing weight applied). HAND_ON
+        (gate|up): the output's decode operand too, in groups of OUT_GROUP columns
+        (`_hand_on_operand`)."""
+        wait_for_inputs(GDC)
+        pair = tl.program_id(0)
+        tile = tl.program_id(1)
         expert = tl.load(ids + pair).to(tl.int64)
         x_row = pair // top_k if SWIGLU else pair
         R: tl.constexpr = 2 * BN if SWIGLU else BN
@@ -1263,7 +1201,7 @@ if triton is not None:
         row_ok = cols < N
         ms = tl.arange(0, BM)
         m_ok = ms == 0  # the one activation row, at x_row
-        k_lo = split * split_len
+        k_lo = tl.program_id(2) * split_len
         k_hi = tl.minimum(K, k_lo + split_len)
         if PREFETCH:  # the expert is known only now: the program's first codes at once
             row = tl.where(row_ok, rows, 0).to(tl.int64)
@@ -1280,23 +1218,24 @@ if triton is not None:
         if SCHEME == _NVFP4:  # the expert's per-row global scale (aux)
             res = res * tl.load(aux_ptr + expert * stride_ae + rows, mask=row_ok,
                                 other=0.0)[None, :]
+        splits = tl.num_programs(2)
+        tiles = tl.num_programs(1)
         if SWIGLU:
             out_row = pair
-            part = split
+            part = tl.program_id(2)
             parts = splits
-            outputs = pairs
+            outputs = tl.num_programs(0)
         else:
             res = res * tl.load(route_weights + pair)
             out_row = pair // top_k
-            part = (pair % top_k) * splits + split
+            part = (pair % top_k) * splits + tl.program_id(2)
             parts = top_k * splits
-            outputs = pairs // top_k
+            outputs = tl.num_programs(0) // top_k
         width = 2 * N if SWIGLU else N
         offs = out_row * width + rows[None, :] + ms[:, None] * 0
         mask = m_ok[:, None] & row_ok[None, :]
         last, total = sum_parts(res, part, parts, part_ptr, offs, outputs * width, mask,
                                 counter_ptr + out_row * tiles + tile)
-        wrote = last & (pair < 0)  # False
         if last:
             if SWIGLU:
                 gate, up = tl.split(tl.permute(tl.reshape(total, (BM, 2, BN)), (0, 2, 1)))
@@ -1305,104 +1244,11 @@ if triton is not None:
                          (gate / (1.0 + tl.exp(-gate)) * up).to(out_ptr.dtype.element_ty),
                          mask=m_ok[:, None] & (c < N)[None, :])
                 if HAND_ON:
-                    wrote = _hand_on_operand(out_ptr, pair, tile, tiles, pairs, N, oxo_ptr,
-                                             oinv_ptr, oxsum_ptr, ticket_ptr, BN, OUT_GROUP,
-                                             OUT_SUMS)
+                    _hand_on_operand(out_ptr, pair, tile, tiles, tl.num_programs(0), N,
+                                     oxo_ptr, oinv_ptr, oxsum_ptr, ticket_ptr, BN, OUT_GROUP,
+                                     OUT_SUMS)
             else:
                 tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
-        return wrote
-
-    @triton.jit
-    def _decode_experts_kernel(
-        xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, aux_ptr, part_ptr, counter_ptr, out_ptr,
-        oxo_ptr, oinv_ptr, oxsum_ptr, ticket_ptr, ids, route_weights, M, N, K, top_k,
-        stride_we, stride_wn, stride_se, stride_sn, stride_ae, split_len, pairs, tiles, splits,
-        SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr, ASM: tl.constexpr,
-        EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-        DOTS: tl.constexpr, SWIGLU: tl.constexpr, HAND_ON: tl.constexpr,
-        OUT_GROUP: tl.constexpr, OUT_SUMS: tl.constexpr, PREFETCH: tl.constexpr,
-        GDC: tl.constexpr
-    ):
-        """Program (pair, column tile, K split) of `_tensor_core_stage`: `_experts_item`. The
-        grid's sizes (pairs x tiles x splits) come as arguments: read with tl.num_programs,
-        they stayed in registers across the K loop (sm_90: 9 more a thread, 5 programs an SM
-        down to 4 for the down stage)."""
-        wait_for_inputs(GDC)
-        _experts_item(tl.program_id(0), tl.program_id(1), tl.program_id(2),
-                      xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, aux_ptr, part_ptr, counter_ptr,
-                      out_ptr, oxo_ptr, oinv_ptr, oxsum_ptr, ticket_ptr, ids, route_weights, M,
-                      N, K, top_k, stride_we, stride_wn, stride_se, stride_sn, stride_ae,
-                      split_len, pairs, tiles, splits, SCHEME, WPS, BM, ASM, EVEN_K, EVEN_N,
-                      BN, BK, DOTS, SWIGLU, HAND_ON, OUT_GROUP, OUT_SUMS, PREFETCH)
-
-    @triton.jit
-    def _moe_block_kernel(
-        g_xo_ptr, g_inv_ptr, g_xsum_ptr, g_w_ptr, g_s_ptr, g_aux_ptr, g_part_ptr,
-        g_counter_ptr, g_out_ptr, g_oxo_ptr, g_oinv_ptr, g_oxsum_ptr, g_ticket_ptr, g_ids,
-        g_route_weights, g_M, g_N, g_K, g_top_k, g_stride_we, g_stride_wn, g_stride_se,
-        g_stride_sn, g_stride_ae, g_split_len, g_pairs, g_tiles, g_splits, d_xo_ptr, d_inv_ptr,
-        d_xsum_ptr, d_w_ptr, d_s_ptr, d_aux_ptr, d_part_ptr, d_counter_ptr, d_out_ptr,
-        d_oxo_ptr, d_oinv_ptr, d_oxsum_ptr, d_ticket_ptr, d_ids, d_route_weights, d_M, d_N,
-        d_K, d_top_k, d_stride_we, d_stride_wn, d_stride_se, d_stride_sn, d_stride_ae,
-        d_split_len, d_pairs, d_tiles, d_splits, sync_ptr, G_SCHEME: tl.constexpr,
-        G_WPS: tl.constexpr, G_BM: tl.constexpr, G_ASM: tl.constexpr, G_EVEN_K: tl.constexpr,
-        G_EVEN_N: tl.constexpr, G_BN: tl.constexpr, G_BK: tl.constexpr, G_DOTS: tl.constexpr,
-        G_SWIGLU: tl.constexpr, G_HAND_ON: tl.constexpr, G_OUT_GROUP: tl.constexpr,
-        G_OUT_SUMS: tl.constexpr, G_PREFETCH: tl.constexpr, D_SCHEME: tl.constexpr,
-        D_WPS: tl.constexpr, D_BM: tl.constexpr, D_ASM: tl.constexpr, D_EVEN_K: tl.constexpr,
-        D_EVEN_N: tl.constexpr, D_BN: tl.constexpr, D_BK: tl.constexpr, D_DOTS: tl.constexpr,
-        D_SWIGLU: tl.constexpr, D_HAND_ON: tl.constexpr, D_OUT_GROUP: tl.constexpr,
-        D_OUT_SUMS: tl.constexpr, D_PREFETCH: tl.constexpr, GDC: tl.constexpr
-    ):
-        """Both decode stages of `_launch_block` in one launch, a work item a program
-        (`_experts_item`): gate|up's items (g_*, G_*) then down's (d_*, D_*), pair by pair,
-        each program taking the next from a ticket (sync_ptr[0]). A down item waits only
-        until the gate|up items of its pair have written its hidden row's operand (the pair's
-        groups counted in sync_ptr[1 + pair]), not for the whole stage and a launch; every
-        item it waits on was taken before its own by a program already running, so none can
-        wait forever, whatever the GPU keeps resident. The last program to take a ticket
-        zeroes it, the last down item of a pair the pair's counts (sync_ptr[1 + g_pairs +
-        pair]): all zero again for the next launch."""
-        wait_for_inputs(GDC)
-        g_items = g_pairs * g_tiles * g_splits
-        items = g_items + d_pairs * d_tiles * d_splits
-        ready_ptr = sync_ptr + 1
-        done_ptr = ready_ptr + g_pairs
-        item = tl.atomic_add(sync_ptr, 1, sem="relaxed")
-        if item == items - 1:
-            tl.store(sync_ptr, 0)
-        if item < g_items:
-            per_pair = g_tiles * g_splits
-            pair = item // per_pair
-            wrote = _experts_item(
-                pair, item % per_pair // g_splits, item % g_splits,
-                g_xo_ptr, g_inv_ptr, g_xsum_ptr, g_w_ptr, g_s_ptr, g_aux_ptr, g_part_ptr,
-                g_counter_ptr, g_out_ptr, g_oxo_ptr, g_oinv_ptr, g_oxsum_ptr, g_ticket_ptr,
-                g_ids, g_route_weights, g_M, g_N, g_K, g_top_k, g_stride_we, g_stride_wn,
-                g_stride_se, g_stride_sn, g_stride_ae, g_split_len, g_pairs, g_tiles, g_splits,
-                G_SCHEME, G_WPS, G_BM, G_ASM, G_EVEN_K, G_EVEN_N, G_BN, G_BK, G_DOTS, G_SWIGLU,
-                G_HAND_ON, G_OUT_GROUP, G_OUT_SUMS, G_PREFETCH)
-            if wrote:
-                tl.debug_barrier()  # the group's operand is stored before the pair counts it
-                tl.atomic_add(ready_ptr + pair, 1, sem="release")
-        else:
-            per_pair = d_tiles * d_splits
-            pair = (item - g_items) // per_pair
-            groups = tl.cdiv(g_N, G_OUT_GROUP)
-            while tl.atomic_add(ready_ptr + pair, 0, sem="acquire") < groups:
-                pass
-            tl.debug_barrier()  # no thread reads the operand before the wait has ended
-            _experts_item(
-                pair, (item - g_items) % per_pair // d_splits, (item - g_items) % d_splits,
-                d_xo_ptr, d_inv_ptr, d_xsum_ptr, d_w_ptr, d_s_ptr, d_aux_ptr, d_part_ptr,
-                d_counter_ptr, d_out_ptr, d_oxo_ptr, d_oinv_ptr, d_oxsum_ptr, d_ticket_ptr,
-                d_ids, d_route_weights, d_M, d_N, d_K, d_top_k, d_stride_we, d_stride_wn,
-                d_stride_se, d_stride_sn, d_stride_ae, d_split_len, d_pairs, d_tiles, d_splits,
-                D_SCHEME, D_WPS, D_BM, D_ASM, D_EVEN_K, D_EVEN_N, D_BN, D_BK, D_DOTS, D_SWIGLU,
-                D_HAND_ON, D_OUT_GROUP, D_OUT_SUMS, D_PREFETCH)
-            if tl.atomic_add(done_ptr + pair, 1, sem="relaxed") == per_pair - 1:
-                tl.store(ready_ptr + pair, 0)
-                tl.store(done_ptr + pair, 0)
 
     def _decode_configs() -> list:
         """(BN, BK, warps). BK is a multiple of the int4 group (128 codes = 16 words) so a

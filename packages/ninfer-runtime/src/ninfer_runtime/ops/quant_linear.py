@@ -113,9 +113,10 @@ DECODE_EVEN_N = os.environ.get("NINFER_DECODE_EVEN_N", "1") != "0"
 # the tuner's candidates include each config's `wave_split`; NINFER_DECODE_WAVE_SPLIT=0 leaves
 # it out, the A/B of that change on the GPU
 DECODE_WAVE_SPLIT = os.environ.get("NINFER_DECODE_WAVE_SPLIT", "1") != "0"
-# a decode MLP's two GEMVs in one launch (`mlp_decode`, `_mlp_block_kernel`): off until timed
-# on the GPU, NINFER_MLP_BLOCK=1 turns it on
-MLP_BLOCK = os.environ.get("NINFER_MLP_BLOCK", "0") == "1"
+# a decode MLP's two GEMVs in one launch (`mlp_decode`, `_mlp_block_kernel`): the 27B decoded
+# 3.8% faster at C = 1 and 5.4% at C = 8 on an H100 (docs/perf.md, thirtieth run);
+# NINFER_MLP_BLOCK=0 runs them as two launches, the A/B of that change
+MLP_BLOCK = os.environ.get("NINFER_MLP_BLOCK", "1") != "0"
 _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 # programs per SM the K split may aim at (counted with BN = 64); the decode tuner times each
 # with each config, the first being the default (the H200 sweep, scripts/split_sweep.py,
