@@ -43,6 +43,11 @@ Kernels:
   for graph replays. With NINFER_L2_PREFETCH=1, before it waits for its inputs (PDL), a
   program asks L2 for up to 48 KB of its codes at once (`launch.prefetch_to_l2`, Hopper):
   Nsight Compute found the kernel latency-bound, but on the H200 the prefetch lost (9%).
+- `_mlp_block_kernel`, a decode MLP's gate|up and down GEMVs in one launch (`mlp_decode`):
+  `_decode_kernel`'s work items taken from a ticket, a down item waiting only for the
+  operand groups of its own K split, so down's programs start where gate|up's last wave
+  leaves SMs idle (a kernel boundary itself costs ~1 us under PDL; the overlap won the 27B
+  3.8% at one token, docs/perf.md, thirtieth run).
 - `_gemm_kernel`, prefill (M > SKINNY_MAX_M; fp32 activations at every M): tiled tensor-core
   GEMM; the [BN, BK] weight tile
   is dequantized in registers to x.dtype (exact for nvfp4 in bf16 and fp16), interleaved back
@@ -117,6 +122,7 @@ DECODE_WAVE_SPLIT = os.environ.get("NINFER_DECODE_WAVE_SPLIT", "1") != "0"
 # 3.8% faster at C = 1 and 5.4% at C = 8 on an H100 (docs/perf.md, thirtieth run);
 # NINFER_MLP_BLOCK=0 runs them as two launches, the A/B of that change
 MLP_BLOCK = os.environ.get("NINFER_MLP_BLOCK", "1") != "0"
+_REGISTERS = 65536  # an SM's 32-bit registers (sm_80 to sm_90): the block's register cap
 _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 # programs per SM the K split may aim at (counted with BN = 64); the decode tuner times each
 # with each config, the first being the default (the H200 sweep, scripts/split_sweep.py,
@@ -504,14 +510,13 @@ def mlp_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight
                ) -> torch.Tensor | None:
     """down(silu_and_mul(x @ gate_up^T)) for a decode step's x [M, H], a fused [gate | up]
     weight [2I, H] and down [H, I]: both GEMVs in one launch (`_mlp_block_kernel`). The
-    gate|up items hand the SiLU product's operand on as
-    `swiglu_decode` does, and a down item waits only until the operand groups of its own K
-    split are written, where the second launch waits for the whole first kernel to end and
-    then fills the GPU again. The bits of `swiglu_decode` then the down GEMV. gate|up takes
-    its own tuned plan, down the fastest of its candidates that launch as that one does
-    (warps, pipeline stages: a launch has one of each), tuned under a key of its own. None
-    where the hand-on does not fit the gate|up tile or no down candidate launches so: the
-    caller runs the two launches."""
+    gate|up items hand the SiLU product's operand on as `swiglu_decode` does, and a down
+    item waits only until the operand groups of its own K split are written, where a second
+    launch would wait for the whole first kernel to end and then fill the GPU again. The bits
+    of `swiglu_decode` then the down GEMV. gate|up takes its own tuned plan, down the fastest
+    of its candidates that launch as that one does (warps, pipeline stages: a launch has one
+    of each), tuned under a key of its own. None where the hand-on does not fit the gate|up
+    tile or no down candidate launches so: the caller runs the two launches."""
     gops, dops = _operands(gate_up), _operands(down)
     n, k = gate_up.shape
     h, inter = down.shape
@@ -548,8 +553,6 @@ def mlp_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight
            **{f"D_{key}": v for key, v in d_kw.items()}, **launch_kw, **options(x.device))
     return out
 
-
-_REGISTERS = 65536  # an SM's 32-bit registers (sm_80 to sm_90)
 
 
 def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool,
