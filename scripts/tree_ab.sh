@@ -11,10 +11,10 @@
 # runs `ninfer-bench engine` at C = 1, CTX context, without the breakdown, for each tree in
 # turn. Every tree shares one NINFER_HOME, so the first tree's tuner picks the decode plans
 # and the others reuse them (where their candidate lists are the same): what differs is the
-# code. Each tree's prefill and decode rows go to $OUT/stages.txt, its report to $OUT/NAME/,
-# the tuned plans to $OUT/tuning/. EXTRA adds options to every tree's bench (e.g.
-# EXTRA="--prefill-chunk 8192 --max-batched-tokens 8192"), TAG a suffix to its output names
-# (so a second pass over a tree in one call keeps the first's files).
+# code. Each tree's prefill and decode rows go to $OUT/stages.txt, its log, its report (NAME/)
+# and the tuned plans (tuning/) into the run's archive in $OUT. EXTRA adds options to every
+# tree's bench (e.g. EXTRA="--prefill-chunk 8192 --max-batched-tokens 8192"), TAG a suffix to
+# its output names (so a second pass over a tree in one call keeps the first's files).
 set -uo pipefail
 cmd=${1:-}; shift || true
 case $cmd in
@@ -27,6 +27,11 @@ case $cmd in
   *) echo "usage: $0 export REV... | run NAME..." >&2; exit 2 ;;
 esac
 source scripts/device_env.sh
+# the device returns only a few files a call: the logs and reports go into one archive a run
+# (tree_ab[-TAG]-PID.tgz), the rows are appended to $OUT/stages.txt
+returned=$out
+out=$(mktemp -d)
+trap 'tar czf "$returned/tree_ab${TAG:+-$TAG}-$$.tgz" -C "$out" . && cat "$out/stages.txt" >> "$returned/stages.txt"' EXIT
 artifact=/tmp/artifacts/${PROFILE:=qwen3_6_27b}_${WEIGHTS:=nvfp4}.ninfer
 export NINFER_HOME=/tmp/ninfer-ab
 mkdir -p /tmp/artifacts
