@@ -547,13 +547,13 @@ def test_the_gate_up_gemv_hands_the_down_gemv_its_operand(scheme: str, inter: in
 
 
 @pytest.mark.parametrize(("scheme", "inter", "m"), [("nvfp4", 320, 1), ("nvfp4", 768, 3),
-                                                    ("groupwise-int", 384, 2)])
+                                                    ("nvfp4", 256, 2), ("groupwise-int", 384, 2)])
 def test_the_mlp_block_keeps_the_two_launches_bits(scheme: str, inter: int, m: int,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """`mlp_decode`: the MLP's two decode GEMVs in one launch give the bits of the gate|up
     GEMV handing on its operand and the down GEMV after it, with down's K split in several
-    parts (its items wait on their own split's groups: nvfp4 768 has 3), and leave every
-    counter at zero; the model's `mlp` takes it. Off (NINFER_MLP_BLOCK=0), nothing."""
+    parts (its items wait on their own split's groups: nvfp4 768 has 3) or in one (256), and
+    leave every counter at zero; the model's `mlp` takes it. Off (NINFER_MLP_BLOCK=0), nothing."""
     gate_up = packed(scheme, 2 * inter, 256)
     down = packed(scheme, 96, inter, seed=1)
     x = rand(m, 256, dtype=HALF) * 4
@@ -562,8 +562,10 @@ def test_the_mlp_block_keeps_the_two_launches_bits(scheme: str, inter: int, m: i
     expect = linear(hidden, down, operand)
     assert torch.equal(mlp_decode(x, gate_up, down), expect)
     assert not quant_linear.tile_counters(x.device, 1).any()
-    if inter == 768:
-        assert quant_linear.chosen_decode_plan(down, hidden).splits == 3
+    splits = {768: 3, 256: 1}
+    if inter in splits:  # the block's down plan, under its own key (`launched_as`)
+        assert [plan.splits for key, plan in quant_linear._decode_plans.items()
+                if isinstance(key[-1], tuple)] == [splits[inter]]
     assert torch.equal(mlp(x, MLPWeights(gate_up, down)), expect)
     assert mlp_decode(rand(quant_linear.SKINNY_MAX_M + 1, 256, dtype=HALF), gate_up,
                       down) is None
