@@ -196,8 +196,8 @@ if triton is not None:
         PER: tl.constexpr = GROUP // WIDTH
         g = tile // PER
         tl.debug_barrier()  # every thread's columns are stored before the group counts them
-        last = tl.atomic_add(ticket_ptr + g, 1, sem="acq_rel") == tl.minimum(PER,
-                                                                             tiles - g * PER) - 1
+        in_group = tl.minimum(PER, tiles - g * PER)  # the last group may hold fewer tiles
+        last = tl.atomic_add(ticket_ptr + g, 1, sem="acq_rel") == in_group - 1
         if last:
             tl.store(ticket_ptr + g, 0)
             ks = g * GROUP + tl.arange(0, GROUP)

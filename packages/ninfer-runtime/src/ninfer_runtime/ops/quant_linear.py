@@ -498,12 +498,18 @@ def swiglu_decode(x: torch.Tensor, w: PackedWeight, spec: tuple[int, bool]
     m, inter = x.shape[0], n // 2
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     plan = _decode_plan(x, ops, out)
-    if spec[0] % (plan.config.bn // 2) != 0:
+    if not _hands_on(plan, spec[0]):
         return None
     hidden = torch.empty((m, inter), dtype=x.dtype, device=x.device)
     operand = DecodeOperand.empty(m, inter, *spec, x.device)
     _run_decode(x, ops, out, plan, hand_on=(hidden, operand))
     return hidden, operand
+
+
+def _hands_on(plan: DecodePlan, group: int) -> bool:
+    """Whether a [gate | up] GEMV of `plan` can hand on its SiLU product's operand in groups
+    of `group` columns: each group is whole tiles' halves (BN/2 gate columns a tile)."""
+    return group % (plan.config.bn // 2) == 0
 
 
 def mlp_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight
@@ -524,12 +530,12 @@ def mlp_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight
         and n == 2 * inter, f"mlp_decode: x {tuple(x.shape)}, weights {n} x {k}, {h} x {inter}"
     m = x.shape[0]
     gate_up_out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    hidden = torch.empty((m, inter), dtype=x.dtype, device=x.device)
-    out = torch.empty((m, h), dtype=x.dtype, device=x.device)
     gplan = _decode_plan(x, gops, gate_up_out)
     group = operand_group(down)
-    if group % (gplan.config.bn // 2) != 0:
+    if not _hands_on(gplan, group):
         return None
+    hidden = torch.empty((m, inter), dtype=x.dtype, device=x.device)
+    out = torch.empty((m, h), dtype=x.dtype, device=x.device)
     # tuned (on the first call) over a hidden not yet written: timing only
     dplan = _decode_plan(hidden, dops, out, launched_as=(gplan.config.warps,
                                                          gplan.config.stages))
@@ -554,7 +560,6 @@ def mlp_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight
     return out
 
 
-
 def _launch_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool,
                    operand: DecodeOperand | None = None) -> None:
     """The decode kernel with the plan tuned for this weight shape and row tile."""
@@ -571,14 +576,17 @@ def _decode_plan(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: boo
     key of its own; None if no candidate does."""
     n, k = out.shape[1], ops.words.shape[1] * 8
     key = _decode_key(n, k, ops.layout, x)
-    candidates = decode_candidates(n, k, ops.layout.scheme, x.device)
+
+    def candidates() -> list[DecodePlan]:  # only on a key's first call
+        plans = decode_candidates(n, k, ops.layout.scheme, x.device)
+        return [p for p in plans if launched_as in (None, (p.config.warps, p.config.stages))]
+
     if launched_as is not None:
         key = (*key, launched_as)
-        candidates = [p for p in candidates if (p.config.warps, p.config.stages) == launched_as]
-        if not candidates:
+        if key not in _decode_plans and not candidates():
             return None
-    return tuned_plan(_decode_plans, key, lambda: candidates,
-                      lambda: decode_runs(x, ops, out, swiglu), x.device)
+    return tuned_plan(_decode_plans, key, candidates, lambda: decode_runs(x, ops, out, swiglu),
+                      x.device)
 
 
 def decode_runs(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool = False,
