@@ -23,6 +23,7 @@ from ninfer_runtime.models.weights import (
     MLPWeights,
     MoEWeights,
 )
+from ninfer_runtime.ops.ablation import ablated, zeros
 from ninfer_runtime.ops.attention import paged_attention_with_operand
 from ninfer_runtime.ops.conv import causal_conv1d_varlen
 from ninfer_runtime.ops.gdn import (
@@ -60,13 +61,20 @@ def gated_attention(x: torch.Tensor, w: AttentionWeights, kv: PagedKV, batch: St
     n, nq, nkv, hd = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q_gate, k, v = linear(x, w.qkv_proj).split([2 * nq * hd, nkv * hd, nkv * hd], dim=-1)
     q, gate = q_gate.reshape(n, nq, 2 * hd).chunk(2, dim=-1)  # per head: [q | gate]
-    q = qk_norm_rope_store(q, k.reshape(n, nkv, hd), v.reshape(n, nkv, hd), w.q_norm, w.k_norm,
-                           *rope, cfg.rms_norm_eps, kv.store(batch.slot_mapping))
+    if ablated("rope", x):
+        q = zeros("q", (n, nq, hd), x.dtype, x.device)
+    else:
+        q = qk_norm_rope_store(q, k.reshape(n, nkv, hd), v.reshape(n, nkv, hd), w.q_norm,
+                               w.k_norm, *rope, cfg.rms_norm_eps, kv.store(batch.slot_mapping))
     # the split merge can write o_proj's decode operand
-    out, operand = paged_attention_with_operand(
-        q, kv.k, kv.v, kv.k_scale, kv.v_scale, batch.page_tables, batch.cu_seqlens,
-        batch.context_lens, hd**-0.5, gate, decode_operand_spec(q.flatten(1), w.o_proj),
-        batch.lone_prompt_context)
+    spec = decode_operand_spec(q.flatten(1), w.o_proj)
+    if ablated("attn", x):
+        out = zeros("attention", q.shape, q.dtype, q.device)
+        operand = _ablated_operand(q.flatten(1), spec)
+    else:
+        out, operand = paged_attention_with_operand(
+            q, kv.k, kv.v, kv.k_scale, kv.v_scale, batch.page_tables, batch.cu_seqlens,
+            batch.context_lens, hd**-0.5, gate, spec, batch.lone_prompt_context)
     return linear(out.reshape(n, nq * hd), w.o_proj, operand)
 
 
@@ -78,7 +86,11 @@ def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: Step
     leave the state after each token in its snapshot slot)."""
     n, nv, dv = x.shape[0], cfg.linear_num_value_heads, cfg.linear_value_head_dim
     # in_proj_ba first: its kernel can write x's operand for in_proj_qkvz's decode GEMV
-    ba, operand = linear_with_operand(x, w.in_proj_ba, decode_operand_spec(x, w.in_proj_qkvz))
+    spec = decode_operand_spec(x, w.in_proj_qkvz)
+    if ablated("skinny", x):
+        ba, operand = zeros("ba", (n, 2 * nv), x.dtype, x.device), _ablated_operand(x, spec)
+    else:
+        ba, operand = linear_with_operand(x, w.in_proj_ba, spec)
     b, a = ba.chunk(2, dim=-1)
     mixed, z = linear(x, w.in_proj_qkvz, operand).split([cfg.conv_dim, cfg.linear_value_dim],
                                                         dim=-1)
@@ -88,7 +100,10 @@ def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: Step
                  state.recurrent, batch.cu_seqlens[:seqs + 1], batch.state_slots[:seqs],
                  batch.snapshot_slots)
     heads_z = z.reshape(n, nv, dv)
-    if r and r == n:  # decode and verify rows only: the output norm runs in that pass too
+    if r and r == n and ablated("gdn", x):
+        out = zeros("gdn", heads_z.shape, z.dtype, z.device)
+        operand = _ablated_operand(z, decode_operand_spec(z, w.out_proj))
+    elif r and r == n:  # decode and verify rows only: the output norm runs in that pass too
         out, operand = gdn_decode_norm(*recurrent, OutputNorm(
             heads_z, w.norm, cfg.rms_norm_eps, decode_operand_spec(z, w.out_proj)))
     else:
@@ -140,6 +155,11 @@ def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig) -> torch.Tensor
     return moe_experts(x, w.experts_gate_up, w.experts_down, weights, ids, operand)
 
 
+def _ablated_operand(x: torch.Tensor, spec: tuple[int, bool] | None) -> DecodeOperand | None:
+    """The decode operand of `spec` for x that an ablated op would write (ops.ablation)."""
+    return None if spec is None else DecodeOperand.ablated(*x.shape, *spec, x.device)
+
+
 def gated_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
                reader: Weight) -> tuple[torch.Tensor, DecodeOperand | None]:
     """The GDN output norm of x, z [T, heads, D], and its decode operand for `reader` (the
@@ -161,7 +181,10 @@ def decoder_layer(x: torch.Tensor, h: torch.Tensor | None, w: DecoderLayerWeight
     input norm adds it in the same pass (add_rms_norm); the sum is the one `x = x + h` makes.
     """
     eps = cfg.rms_norm_eps
-    if h is None:
+    skip_norms = ablated("norm", x)
+    if skip_norms:
+        h = x
+    elif h is None:
         h = rms_norm(x, w.input_layernorm, eps)
     else:
         x, h = add_rms_norm(x, h, w.input_layernorm, eps)
@@ -171,7 +194,10 @@ def decoder_layer(x: torch.Tensor, h: torch.Tensor | None, w: DecoderLayerWeight
     else:
         assert isinstance(cache, GDNSlots), "a GDN layer needs a GDNSlots cache"
         h = gated_delta_net(h, w.mixer, cache, batch, cfg)
-    x, h = add_rms_norm(x, h, w.post_attention_layernorm, eps)
+    if skip_norms:
+        h = x
+    else:
+        x, h = add_rms_norm(x, h, w.post_attention_layernorm, eps)
     h = sparse_moe(h, w.mlp, cfg) if isinstance(w.mlp, MoEWeights) else mlp(h, w.mlp)
     return x, h
 

@@ -62,7 +62,9 @@ LOG2E = 1.4426950408889634
 DECODE_BLOCK_M = 16  # fewest rows tl.dot takes; decode packs one token's q heads into them
 PREFILL_BLOCK_M = 128  # rows (tokens x q heads of a kv head) per program for prompt chunks
 MAX_SPLITS = 64  # context splits per query block (a power of two)
-MIN_SPLIT_TOKENS = 256  # fewer keys than this per split cost more in merging than they save
+# fewer keys than this per split cost more in merging than they save (a guess, untimed until
+# the thirty-first run: NINFER_ATTN_MIN_SPLIT overrides it for that A/B)
+MIN_SPLIT_TOKENS = int(os.environ.get("NINFER_ATTN_MIN_SPLIT", "256"))
 WAVES = 2  # programs to aim for, per multiprocessor, before splitting stops
 MERGE_PARTIALS = 32  # partial outputs (heads x splits) one merge program combines, at most
 # INT8 KV dequantized by inline PTX in fp16 (kv_quant.INT8_QUAD_PTX), four codes an

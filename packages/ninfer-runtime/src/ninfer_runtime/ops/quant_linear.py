@@ -87,6 +87,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ninfer_runtime.ops import tuning_cache
+from ninfer_runtime.ops.ablation import ablated, zeros
 from ninfer_runtime.ops.compile_ahead import compile_candidates, launch
 from ninfer_runtime.ops.dispatch import INTERPRET
 from ninfer_runtime.ops.launch import dot_precision, l2_prefetch, options
@@ -243,6 +244,15 @@ class DecodeOperand:
         inv = torch.empty((-(-k // group), m), dtype=torch.float32, device=device)
         xo = torch.empty((8, m, k // 8), dtype=torch.float16, device=device)
         return cls(xo, inv, torch.empty_like(inv) if sums else inv, group)
+
+    @classmethod
+    def ablated(cls, m: int, k: int, group: int, sums: bool, device: torch.device
+                ) -> DecodeOperand:
+        """Zeros standing for the operand an ablated op would write (`ops.ablation.zeros`)."""
+        inv = zeros("inv", (-(-k // group), m), torch.float32, device)
+        xo = zeros("xo", (8, m, k // 8), torch.float16, device)
+        return cls(xo, inv, zeros("xsum", inv.shape, torch.float32, device) if sums else inv,
+                   group)
 
     @property
     def sums(self) -> bool:
@@ -704,6 +714,8 @@ def activation_operands(x: torch.Tensor, group: int, group_sums: bool, swiglu: b
     kernels' fp16 operand by code position, 1 / each group's scale [K / group, M] and, with
     `group_sums` (groupwise-int weights), each group's operand sum [K / group, M]."""
     m, k = x.shape[0], x.shape[1] // (1 + swiglu)
+    if ablated("act", x):
+        return DecodeOperand.ablated(m, k, group, group_sums, x.device)
     op = DecodeOperand.empty(m, k, group, group_sums, x.device)
     activation_kernel[(m, op.inv.shape[0])](
         x, op.xo, op.inv, op.xsum, m, k, x.stride(0), GROUP=group, HAS_SUM=group_sums,
