@@ -115,7 +115,7 @@ def _decode_rows(label: str, cfg: ModelConfig, device: str) -> list[dict]:
             for bv in DECODE_TILES:
                 items = seqs * nv * (dv // bv)
                 grids = {"a program an item": items}
-                persistent = _decode_programs(items, bv, torch.device(device))
+                persistent = _decode_programs(items, torch.device(device))
                 if persistent < items:
                     grids[f"{persistent} programs"] = persistent
                 rows += [_decode_row(

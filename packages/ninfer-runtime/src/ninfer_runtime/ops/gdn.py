@@ -429,7 +429,7 @@ def _launch_decode(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
         f"gdn_decode takes at most {_MAX_TICKETS // (nk + nv)} sequences"
     bv = min(block_v or _decode_tile(seqs, nv, dv, mixed_qkv.device), dv)
     items = seqs * nv * (dv // bv)
-    programs = programs or _decode_programs(items, bv, mixed_qkv.device)
+    programs = programs or _decode_programs(items, mixed_qkv.device)
     kernel = conv_weight.shape[1]
     _gdn_decode_kernel[(programs,)](
         mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states, states, out, cu_seqlens,
@@ -479,23 +479,18 @@ def _decode_tile(seqs: int, nv: int, dv: int, device: torch.device) -> int:
     return 32 if wide >= _DECODE_MIN_PROGRAMS_PER_SM * _sm_count(device) else 16
 
 
-# Programs an SM (the registers above): a program per item at BV 16 and 32, a persistent one
-_RESIDENT_PER_SM = {16: 4, 32: 2}
+# A persistent grid's programs an SM (the registers above)
 _PERSISTENT_PER_SM = 2
 # NINFER_GDN_PERSISTENT=0: a program per item at every batch size (the A/B)
 PERSISTENT = os.environ.get("NINFER_GDN_PERSISTENT", "1") != "0"
 
 
-def _decode_programs(items: int, bv: int, device: torch.device) -> int:
-    """The decode grid: a program per item where they all fit the GPU at once (the 27B's
-    one sequence: 384 at BV 16), else `_PERSISTENT_PER_SM` an SM, each taking several items
-    (many sequences: `_gdn_decode_kernel`)."""
+def _decode_programs(items: int, device: torch.device) -> int:
+    """The decode grid: a program per item, or `_PERSISTENT_PER_SM` an SM each taking
+    several items where there are more (many sequences: `_gdn_decode_kernel`)."""
     if not PERSISTENT or device.type != "cuda":
         return items
-    sms = _sm_count(device)
-    if items <= _RESIDENT_PER_SM.get(bv, 1) * sms:
-        return items
-    return _PERSISTENT_PER_SM * sms
+    return min(items, _PERSISTENT_PER_SM * _sm_count(device))
 
 
 @cache
