@@ -371,34 +371,6 @@ def test_decode_applies_the_output_norm(group: int | None, snapshots: bool) -> N
     assert wide[1] is None and torch.equal(wide[0], expect)
 
 
-@pytest.mark.parametrize(("programs", "snapshots"), [(3, False), (5, True), (16, False)])
-def test_persistent_decode_programs_give_a_program_per_items_bits(
-        programs: int, snapshots: bool) -> None:
-    """`_gdn_decode_kernel` with fewer programs than items (PERSISTENT: each takes every
-    programs-th item, the next one's state tile loaded ahead), with the output norm and its
-    operand: the bits of a program per item, a padding entry's slot untouched, tickets handed
-    back. 3 and 5 programs over 4 segments x 6 heads x 2 column tiles (a seam inside a
-    sequence's items, a padding sequence among them; 16: the last program short)."""
-    cu, slots = segments([1, 3, 0, 1], [4, 7, 8, 2])
-    snap = torch.tensor([0, 1, 3, 5, 6], device=DEVICE) if snapshots else None
-    x = decode_inputs(5, HALF)
-    z = rand(5, NV * DV, seed=9, dtype=HALF).view(5, NV, DV)
-    norm = OutputNorm(z, 1 + rand(DV, seed=10, dtype=HALF) * 0.1, 1e-6, (64, False))
-
-    def launch(grid: int | None):
-        def run(**kw):
-            return gdn._launch_decode(**kw, norm=norm, programs=grid)
-        (normed, operand), conv, states = run_decode(run, x, cu, slots, snap)
-        return normed, operand.xo, operand.inv, conv, states
-
-    items = 4 * NV * (DV // gdn._decode_tile(4, NV, DV, x["states"].device))
-    assert programs < items
-    for got, want in zip(launch(programs), launch(None), strict=True):
-        assert torch.equal(got, want)
-    assert torch.equal(launch(programs)[4][8], x["states"][8])
-    assert not _ticket_pool(x["mixed_qkv"].device).any()
-
-
 @pytest.mark.parametrize("dv", [16, 32, 128])
 def test_prompt_tiles_fit_the_head_on_the_gpu(dv: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The scan's and output kernel's GPU tiles divide dv (their state tiles are unmasked, their

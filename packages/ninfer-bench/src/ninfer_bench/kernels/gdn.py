@@ -5,9 +5,8 @@
   fp32 recurrent state (27B: 48 x 128 x 128 x 4 B = 3 MiB a sequence, each way). Real decode
   touches a different layer's state every launch, so the state pools rotate over more memory
   than L2 holds. Each row also times the unfused kernels (conv varlen, gating, chunked rule);
-  at batch 1 and 8 extra rows force each column tile (BV 16 / 32) of the decode kernel, each
-  with a program per work item and (batch 8) with a persistent grid, to check the launcher's
-  choices (`ops.gdn._decode_tile`, `ops.gdn._decode_programs`).
+  at batch 1 and 8 extra rows force each column tile (BV 16 / 32) of the decode kernel, to
+  check the launcher's choice (`ops.gdn._decode_tile`).
 * `causal_conv1d_varlen` over prompt chunks: memory-bound.
 * `gated_delta_rule_varlen` (chunked) over one prompt: reported against the bf16 tensor-core
   rate with the FLOPs of the algorithm as implemented, counted once per head (dv-block
@@ -30,7 +29,6 @@ from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.ops.conv import causal_conv1d_varlen
 from ninfer_runtime.ops.gdn import (
     CHUNK_SIZE,
-    _decode_programs,
     _launch_decode,
     gated_delta_rule_varlen,
     gdn_decode,
@@ -87,13 +85,13 @@ def _decode_rows(label: str, cfg: ModelConfig, device: str) -> list[dict]:
         turn = itertools.cycle(pools)
 
         def fused(mixed=mixed, a=a, b=b, cu=cu, slots=slots, snap=snap, turn=turn,
-                  block_v=None, programs=None) -> None:
+                  block_v=None) -> None:
             conv, states = next(turn)
             if block_v is None:
                 gdn_decode(mixed, a, b, weight, a_log, dt_bias, conv, states, cu, slots, snap)
             else:
                 _launch_decode(mixed, a, b, weight, a_log, dt_bias, conv, states, cu, slots,
-                               snap, block_v=block_v, programs=programs)
+                               snap, block_v=block_v)
 
         def unfused(mixed=mixed, a=a, b=b, cu=cu, slots=slots, turn=turn, n=n) -> None:
             conv, states = next(turn)
@@ -112,17 +110,9 @@ def _decode_rows(label: str, cfg: ModelConfig, device: str) -> list[dict]:
             row["unfused_time_us"] = _time_us(unfused)
         rows.append(row)
         if not snapshots and seqs in TILE_BATCHES:
-            for bv in DECODE_TILES:
-                items = seqs * nv * (dv // bv)
-                grids = {"a program an item": items}
-                persistent = _decode_programs(items, torch.device(device))
-                if persistent < items:
-                    grids[f"{persistent} programs"] = persistent
-                rows += [_decode_row(
-                    f"{name} BV={bv}, {label}", shape,
-                    _time_us(lambda bv=bv, grid=grid, fused=fused: fused(block_v=bv,
-                                                                         programs=grid)),
-                    moved) for label, grid in grids.items()]
+            rows += [_decode_row(f"{name} BV={bv}", shape,
+                                 _time_us(lambda bv=bv, fused=fused: fused(block_v=bv)), moved)
+                     for bv in DECODE_TILES]
     return rows
 
 

@@ -393,13 +393,10 @@ def _launch_decode(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                    conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                    conv_states: torch.Tensor, states: torch.Tensor, cu_seqlens: torch.Tensor,
                    slots: torch.Tensor, snapshot_slots: torch.Tensor | None,
-                   block_v: int | None = None, norm: OutputNorm | None = None,
-                   programs: int | None = None
+                   block_v: int | None = None, norm: OutputNorm | None = None
                    ) -> tuple[torch.Tensor, DecodeOperand | None]:
     """(o, None), or with `norm` (the normed o, its operand or None): see `gdn_decode_norm`.
-    block_v overrides the column tile (the benchmark compares them); None: `_decode_tile`.
-    programs overrides the grid (tests: fewer programs than items, so that each takes
-    several); None: `_decode_programs`."""
+    block_v overrides the column tile (the benchmark compares them); None: `_decode_tile`."""
     check_conv_args(mixed_qkv, conv_weight, conv_states, cu_seqlens, slots)
     nv, dk, dv = _check_state_pool(states)
     nk = _num_key_heads(mixed_qkv.shape[1], states)
@@ -428,35 +425,31 @@ def _launch_decode(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     assert seqs * (nk + nv) <= _MAX_TICKETS, \
         f"gdn_decode takes at most {_MAX_TICKETS // (nk + nv)} sequences"
     bv = min(block_v or _decode_tile(seqs, nv, dv, mixed_qkv.device), dv)
-    items = seqs * nv * (dv // bv)
-    programs = programs or _decode_programs(items, mixed_qkv.device)
     kernel = conv_weight.shape[1]
-    _gdn_decode_kernel[(programs,)](
+    _gdn_decode_kernel[(nv * (dv // bv), seqs)](
         mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_states, states, out, cu_seqlens,
         slots, slots if snapshot_slots is None else snapshot_slots, tickets,
         mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0),
         *conv_states.stride(), states.stride(0), states.stride(1), out.stride(0),
         out.stride(1), nk * dk, dk**-0.5, z, z.stride(0), z.stride(1), weight, normed,
         *operand_buffers(operand, out),
-        tickets[seqs * nk:], n, items, eps, NV=nv, GROUP=nv // nk, DK=dk, DV=dv, BV=bv,
-        K=kernel,
+        tickets[seqs * nk:], n, eps, GROUP=nv // nk, DK=dk, DV=dv, BV=bv, K=kernel,
         KP=triton.next_power_of_2(kernel), HAS_SNAPSHOTS=snapshot_slots is not None,
         NORM=norm is not None, NORM_HEADS=heads,
         ROUND_PRODUCT=norm is not None and rounds_product(weight, out),
         OPERAND=0 if operand is None else operand.group,
-        OPERAND_SUMS=operand is not None and operand.sums, PERSISTENT=programs < items,
+        OPERAND_SUMS=operand is not None and operand.sums,
         num_warps=max(1, min(_DECODE_WARPS, dk * bv // 512)), **options(mixed_qkv.device))
     return (out, None) if norm is None else (normed, operand)
 
 
-# gdn_decode's tiles: a work item owns BV columns of one value head's [dk, dv] state and
+# gdn_decode's tiles: a program owns BV columns of one value head's [dk, dv] state and
 # streams them once: 8 KiB (BV 16) or 16 KiB (BV 32) each way at dk 128, with 4 warps. Narrow
 # tiles when wide ones would leave SMs with fewer than two programs (27B batch 1: 48 heads x 8
-# = 384 programs, not 192). NOTE (sm_90 SASS, Triton 3.6, dk 128, 4 warps, the 27B's output
-# norm and operand): 128 registers a thread at BV 16, 204 at BV 32, no spills; most hold the
-# q/k conv each item recomputes, so 4 (BV 16) or 2 (BV 32) programs fit an SM: 32 KiB of state
-# loads in flight per SM. A persistent grid (`_decode_programs`) holds the next item's tile
-# too: 255 registers at BV 16, 252 at BV 32, 2 programs an SM either way.
+# = 384 programs, not 192). NOTE (sm_90 SASS, dk 128, 4 warps): 160 registers a thread at BV
+# 16 (124 with snapshots), 206 at BV 32 (236), no spills; most hold the q/k conv each program
+# recomputes, so 3 (BV 16) or 2 (BV 32) programs fit an SM: 24-32 KiB of state loads in flight
+# per SM.
 _DECODE_WARPS = 4
 _DECODE_MIN_PROGRAMS_PER_SM = 2
 # Sequence x k-head counters of the decode kernel's ticket (see the kernel). Every launch
@@ -477,20 +470,6 @@ def _decode_tile(seqs: int, nv: int, dv: int, device: torch.device) -> int:
         return 16
     wide = seqs * nv * max(1, dv // 32)
     return 32 if wide >= _DECODE_MIN_PROGRAMS_PER_SM * _sm_count(device) else 16
-
-
-# A persistent grid's programs an SM (the registers above)
-_PERSISTENT_PER_SM = 2
-# NINFER_GDN_PERSISTENT=0: a program per item at every batch size (the A/B)
-PERSISTENT = os.environ.get("NINFER_GDN_PERSISTENT", "1") != "0"
-
-
-def _decode_programs(items: int, device: torch.device) -> int:
-    """The decode grid: a program per item, or `_PERSISTENT_PER_SM` an SM each taking
-    several items where there are more (many sequences: `_gdn_decode_kernel`)."""
-    if not PERSISTENT or device.type != "cuda":
-        return items
-    return min(items, _PERSISTENT_PER_SM * _sm_count(device))
 
 
 @cache
@@ -632,179 +611,103 @@ if triton is not None:
         slot_ptr, snap_ptr, ticket_ptr, stride_x, stride_a, stride_b, stride_w, stride_cs,
         stride_cc, stride_ck, stride_ss, stride_sh, stride_ot, stride_oh, key_dim, scale,
         z_ptr, stride_zt, stride_zh, nw_ptr, normed_ptr, xo_ptr, inv_ptr, xsum_ptr,
-        norm_ticket_ptr, n_tokens, n_items, eps, NV: tl.constexpr, GROUP: tl.constexpr,
-        DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, K: tl.constexpr,
-        KP: tl.constexpr, HAS_SNAPSHOTS: tl.constexpr, NORM: tl.constexpr,
-        NORM_HEADS: tl.constexpr, ROUND_PRODUCT: tl.constexpr, OPERAND: tl.constexpr,
-        OPERAND_SUMS: tl.constexpr, PERSISTENT: tl.constexpr, GDC: tl.constexpr
+        norm_ticket_ptr, n_tokens, eps, GROUP: tl.constexpr, DK: tl.constexpr,
+        DV: tl.constexpr, BV: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+        HAS_SNAPSHOTS: tl.constexpr, NORM: tl.constexpr, NORM_HEADS: tl.constexpr,
+        ROUND_PRODUCT: tl.constexpr, OPERAND: tl.constexpr, OPERAND_SUMS: tl.constexpr,
+        GDC: tl.constexpr
     ):
-        """Work item (sequence, value head h, column tile), sequence-major: the [DK, BV]
-        state columns of h (`_gdn_item`). A program takes item program_id(0), or with
-        PERSISTENT every num_programs(0)-th item from there, the next item's state tile
-        loaded before this one's work (its slot a further item ahead), so that a grid of a
-        few programs an SM keeps state loads in flight while it computes: many sequences'
-        items, one at a time each, left every program waiting out its loads in turn.
+        """Program (value head h, column tile, sequence): the [DK, BV] state columns of h.
 
-        The first state tile (and the step's segment bounds and slots, copied in before the
-        step's first kernel) is loaded before `wait_for_inputs`, while the predecessor still
-        runs (PDL): nothing the predecessor writes is read until the wait, and the state was
+        With NORM, the output norm too (`gdn_decode_norm`): once a program's columns of o
+        are stored, the last of the NORM_HEADS * DV / BV programs of h's head group to take a
+        ticket normalises the group's heads of every token of the segment
+        (ops.norm.gated_norm_rows, with OPERAND the decode operand of whole groups).
+
+        The state tile is loaded first (the only large transfer), stays in registers across
+        the segment's tokens and is stored once (or once per token to its snapshot slot).
+        Each program recomputes its k-head's q and k (conv + l2norm, a few KiB from L2).
+
+        With PDL the state tile (and the step's segment bounds and slots, copied in before
+        the step's first kernel) is loaded before `wait_for_inputs`, while the predecessor
+        still runs: nothing the predecessor writes is read until the wait, and the state was
         last written a step earlier, by a kernel that finished before this one launched (see
         ops.launch).
         """
-        tl.static_assert(DV % BV == 0, "the state tiles are unmasked: BV must divide DV")
-        item = tl.program_id(0)
-        slot, lo, hi = _item_bounds(item, n_items, cu_ptr, slot_ptr, NV * (DV // BV))
-        s = _state_tile(states_ptr, slot, lo, hi, item, stride_ss, stride_sh, NV, DK, DV, BV)
-        wait_for_inputs(GDC)
-        if PERSISTENT:
-            step = tl.num_programs(0)
-            ahead = item + step
-            slot_a, lo_a, hi_a = _item_bounds(ahead, n_items, cu_ptr, slot_ptr,
-                                              NV * (DV // BV))
-            while item < n_items:
-                # the next item's tile (its slot known an iteration ago), then the slot of
-                # the one after: neither is waited on until its own iteration
-                s_next = _state_tile(states_ptr, slot_a, lo_a, hi_a, ahead, stride_ss,
-                                     stride_sh, NV, DK, DV, BV)
-                later = ahead + step
-                slot_l, lo_l, hi_l = _item_bounds(later, n_items, cu_ptr, slot_ptr,
-                                                  NV * (DV // BV))
-                _gdn_item(item, s, slot, lo, hi, x_ptr, a_ptr, b_ptr, w_ptr, alog_ptr,
-                          dtb_ptr, conv_ptr, states_ptr, o_ptr, snap_ptr, ticket_ptr,
-                          stride_x, stride_a, stride_b, stride_w, stride_cs, stride_cc,
-                          stride_ck, stride_ss, stride_sh, stride_ot, stride_oh, key_dim,
-                          scale, z_ptr, stride_zt, stride_zh, nw_ptr, normed_ptr, xo_ptr,
-                          inv_ptr, xsum_ptr, norm_ticket_ptr, n_tokens, eps, NV, GROUP, DK,
-                          DV, BV, K, KP, HAS_SNAPSHOTS, NORM, NORM_HEADS, ROUND_PRODUCT,
-                          OPERAND, OPERAND_SUMS)
-                item, s, slot, lo, hi = ahead, s_next, slot_a, lo_a, hi_a
-                ahead, slot_a, lo_a, hi_a = later, slot_l, lo_l, hi_l
-        else:
-            _gdn_item(item, s, slot, lo, hi, x_ptr, a_ptr, b_ptr, w_ptr, alog_ptr, dtb_ptr,
-                      conv_ptr, states_ptr, o_ptr, snap_ptr, ticket_ptr, stride_x, stride_a,
-                      stride_b, stride_w, stride_cs, stride_cc, stride_ck, stride_ss,
-                      stride_sh, stride_ot, stride_oh, key_dim, scale, z_ptr, stride_zt,
-                      stride_zh, nw_ptr, normed_ptr, xo_ptr, inv_ptr, xsum_ptr,
-                      norm_ticket_ptr, n_tokens, eps, NV, GROUP, DK, DV, BV, K, KP,
-                      HAS_SNAPSHOTS, NORM, NORM_HEADS, ROUND_PRODUCT, OPERAND, OPERAND_SUMS)
-
-    @triton.jit
-    def _item_bounds(item, n_items, cu_ptr, slot_ptr, PER_SEQ: tl.constexpr):
-        """(slot, lo, hi) of item's sequence: its state slot and rows [lo, hi); lo == hi for
-        an item past the last (n_items) or of a padding entry (its slot may be shared)."""
-        seq = item // PER_SEQ
-        real = item < n_items
-        lo = tl.load(cu_ptr + seq, mask=real, other=0)
-        hi = tl.load(cu_ptr + seq + 1, mask=real, other=0)
-        return tl.load(slot_ptr + seq, mask=real, other=0), lo, hi
-
-    @triton.jit
-    def _tile_offsets(item, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                      BV: tl.constexpr, stride_sh):
-        """(value head h, its BV columns dv, their [DK, BV] offsets in a slot's state)."""
-        pid = item % (NV * (DV // BV))
-        h = pid // (DV // BV)
-        dv = (pid % (DV // BV)) * BV + tl.arange(0, BV)
-        return h, dv, h * stride_sh + tl.arange(0, DK)[:, None] * DV + dv[None, :]
-
-    @triton.jit
-    def _state_tile(states_ptr, slot, lo, hi, item, stride_ss, stride_sh, NV: tl.constexpr,
-                    DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
-        """The item's [DK, BV] fp32 state columns (zeros, nothing read, where it has no
-        rows)."""
-        tile = _tile_offsets(item, NV, DK, DV, BV, stride_sh)[2]
-        return tl.load(states_ptr + slot * stride_ss + tile, mask=tile * 0 + hi > lo,
-                       other=0.0)
-
-    @triton.jit
-    def _gdn_item(
-        item, s, slot, lo, hi, x_ptr, a_ptr, b_ptr, w_ptr, alog_ptr, dtb_ptr, conv_ptr,
-        states_ptr, o_ptr, snap_ptr, ticket_ptr, stride_x, stride_a, stride_b, stride_w,
-        stride_cs, stride_cc, stride_ck, stride_ss, stride_sh, stride_ot, stride_oh, key_dim,
-        scale, z_ptr, stride_zt, stride_zh, nw_ptr, normed_ptr, xo_ptr, inv_ptr, xsum_ptr,
-        norm_ticket_ptr, n_tokens, eps, NV: tl.constexpr, GROUP: tl.constexpr,
-        DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, K: tl.constexpr,
-        KP: tl.constexpr, HAS_SNAPSHOTS: tl.constexpr, NORM: tl.constexpr,
-        NORM_HEADS: tl.constexpr, ROUND_PRODUCT: tl.constexpr, OPERAND: tl.constexpr,
-        OPERAND_SUMS: tl.constexpr
-    ):
-        """One work item of `_gdn_decode_kernel`, its state tile s already loaded: the item's
-        sequence's rows [lo, hi) (none: a padding entry, nothing read or written) through
-        the conv, gating and delta rule, the state stored once (or once per token to its
-        snapshot slot).
-
-        With NORM, the output norm too (`gdn_decode_norm`): once an item's columns of o are
-        stored, the last of the NORM_HEADS * DV / BV items of h's head group to take a
-        ticket normalises the group's heads of every token of the segment
-        (ops.norm.gated_norm_rows, with OPERAND the decode operand of whole groups). Each
-        item recomputes its k-head's q and k (conv + l2norm, a few KiB from L2)."""
         NVB: tl.constexpr = DV // BV
-        if hi > lo:
-            seq = item // (NV * NVB)
-            h, dv, tile = _tile_offsets(item, NV, DK, DV, BV, stride_sh)
-            kh = h // GROUP
-            dk = tl.arange(0, DK)
-            conv_slot = conv_ptr + slot * stride_cs
-            qch = kh * DK + dk
-            kch = key_dim + qch
-            vch = 2 * key_dim + h * DV + dv
-            whole_k = dk < DK
-            whole_v = dv < DV
-            for t in range(lo, hi):
-                q = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc,
-                                 stride_ck, t, lo, qch, whole_k, K, KP)
-                k = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc,
-                                 stride_ck, t, lo, kch, whole_k, K, KP)
-                v = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc,
-                                 stride_ck, t, lo, vch, whole_v, K, KP)
-                q = _l2norm_rows(q, 1e-6) * scale
-                k = _l2norm_rows(k, 1e-6)
-                g, beta = _gating(a_ptr, b_ptr, alog_ptr, dtb_ptr, t, h, stride_a, stride_b)
-                decay = tl.exp(g)
-                # both reductions read the incoming state, so they run side by side:
-                # (decay S)^T k and (decay S + k delta^T)^T q = decay S^T q + (q.k) delta
-                sk = tl.sum(s * k[:, None], axis=0)
-                sq = tl.sum(s * q[:, None], axis=0)
-                delta = beta * (v - decay * sk)
-                o = decay * sq + tl.sum(q * k, axis=0) * delta
-                s = s * decay + k[:, None] * delta[None, :]
-                tl.store(o_ptr + t * stride_ot + h * stride_oh + dv,
-                         o.to(o_ptr.dtype.element_ty))
-                if HAS_SNAPSHOTS:
-                    tl.store(states_ptr + tl.load(snap_ptr + t) * stride_ss + tile, s)
-            if not HAS_SNAPSHOTS:
-                tl.store(states_ptr + slot * stride_ss + tile, s)
-            # Conv windows, after every read of them above. The v channels are this item's
-            # own; q and k are shared by the k-head's GROUP * NVB items, so the last of them
-            # to take a ticket writes them (no item waits: nothing depends on the order they
-            # run in) and zeroes the counter for the next launch. The barrier and the release
-            # order this item's window reads before its ticket.
-            first = lo if HAS_SNAPSHOTS else hi - 1
+        tl.static_assert(DV % BV == 0, "the state tiles are unmasked: BV must divide DV")
+        pid, seq = tl.program_id(0), tl.program_id(1)
+        h = pid // NVB
+        kh = h // GROUP
+        lo, hi = tl.load(cu_ptr + seq), tl.load(cu_ptr + seq + 1)
+        if hi <= lo:  # a padding entry: its slot may be shared, nothing is read or written
+            wait_for_inputs(GDC)
+            return
+        slot = tl.load(slot_ptr + seq)
+        dk = tl.arange(0, DK)
+        dv = (pid % NVB) * BV + tl.arange(0, BV)
+        tile = h * stride_sh + dk[:, None] * DV + dv[None, :]  # [DK, BV] of the head's state
+        s = tl.load(states_ptr + slot * stride_ss + tile)
+        wait_for_inputs(GDC)
+        conv_slot = conv_ptr + slot * stride_cs
+        qch = kh * DK + dk
+        kch = key_dim + qch
+        vch = 2 * key_dim + h * DV + dv
+        whole_k = dk < DK
+        whole_v = dv < DV
+        for t in range(lo, hi):
+            q = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc, stride_ck,
+                             t, lo, qch, whole_k, K, KP)
+            k = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc, stride_ck,
+                             t, lo, kch, whole_k, K, KP)
+            v = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc, stride_ck,
+                             t, lo, vch, whole_v, K, KP)
+            q = _l2norm_rows(q, 1e-6) * scale
+            k = _l2norm_rows(k, 1e-6)
+            g, beta = _gating(a_ptr, b_ptr, alog_ptr, dtb_ptr, t, h, stride_a, stride_b)
+            decay = tl.exp(g)
+            # both reductions read the incoming state, so they run side by side:
+            # (decay S)^T k and (decay S + k delta^T)^T q = decay S^T q + (q.k) delta
+            sk = tl.sum(s * k[:, None], axis=0)
+            sq = tl.sum(s * q[:, None], axis=0)
+            delta = beta * (v - decay * sk)
+            o = decay * sq + tl.sum(q * k, axis=0) * delta
+            s = s * decay + k[:, None] * delta[None, :]
+            tl.store(o_ptr + t * stride_ot + h * stride_oh + dv, o.to(o_ptr.dtype.element_ty))
+            if HAS_SNAPSHOTS:
+                tl.store(states_ptr + tl.load(snap_ptr + t) * stride_ss + tile, s)
+        if not HAS_SNAPSHOTS:
+            tl.store(states_ptr + slot * stride_ss + tile, s)
+        # Conv windows, after every read of them above. The v channels are this program's
+        # own; q and k are shared by the k-head's GROUP * NVB programs, so the last of them
+        # to take a ticket writes them (no program waits: nothing depends on the launch
+        # order) and zeroes the counter for the next launch. The barrier and the release
+        # order this program's window reads before its ticket.
+        first = lo if HAS_SNAPSHOTS else hi - 1
+        for t in range(first, hi):
+            dst = conv_ptr + (tl.load(snap_ptr + t) if HAS_SNAPSHOTS else slot) * stride_cs
+            store_conv_window(x_ptr, stride_x, conv_slot, dst, stride_cc, stride_ck, t, lo,
+                              vch, whole_v, K, KP)
+        tl.debug_barrier()
+        counter = ticket_ptr + seq * (key_dim // DK) + kh
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == GROUP * NVB - 1:
             for t in range(first, hi):
                 dst = conv_ptr + (tl.load(snap_ptr + t) if HAS_SNAPSHOTS else slot) * stride_cs
-                store_conv_window(x_ptr, stride_x, conv_slot, dst, stride_cc, stride_ck, t,
-                                  lo, vch, whole_v, K, KP)
-            tl.debug_barrier()
-            counter = ticket_ptr + seq * (key_dim // DK) + kh
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == GROUP * NVB - 1:
-                for t in range(first, hi):
-                    dst = conv_ptr + (tl.load(snap_ptr + t) if HAS_SNAPSHOTS
-                                      else slot) * stride_cs
-                    store_conv_window(x_ptr, stride_x, conv_slot, dst, stride_cc, stride_ck,
-                                      t, lo, qch, whole_k, K, KP)
-                    store_conv_window(x_ptr, stride_x, conv_slot, dst, stride_cc, stride_ck,
-                                      t, lo, kch, whole_k, K, KP)
+                store_conv_window(x_ptr, stride_x, conv_slot, dst, stride_cc, stride_ck, t, lo,
+                                  qch, whole_k, K, KP)
+                store_conv_window(x_ptr, stride_x, conv_slot, dst, stride_cc, stride_ck, t, lo,
+                                  kch, whole_k, K, KP)
+            tl.store(counter, 0)
+        if NORM:
+            nv = tl.num_programs(0) // NVB
+            counter = norm_ticket_ptr + seq * (nv // NORM_HEADS) + h // NORM_HEADS
+            if tl.atomic_add(counter, 1, sem="acq_rel") == NORM_HEADS * NVB - 1:
                 tl.store(counter, 0)
-            if NORM:
-                counter = norm_ticket_ptr + seq * (NV // NORM_HEADS) + h // NORM_HEADS
-                if tl.atomic_add(counter, 1, sem="acq_rel") == NORM_HEADS * NVB - 1:
-                    tl.store(counter, 0)
-                    for t in range(lo, hi):
-                        gated_norm_rows(o_ptr, z_ptr, nw_ptr, normed_ptr, xo_ptr, inv_ptr,
-                                        xsum_ptr, t * NV + h // NORM_HEADS * NORM_HEADS,
-                                        n_tokens * NV, NV, stride_ot, stride_oh, stride_zt,
-                                        stride_zh, eps, DV, ROUND_PRODUCT, OPERAND,
-                                        OPERAND_SUMS, NORM_HEADS, DV, ".cg")
+                for t in range(lo, hi):
+                    gated_norm_rows(o_ptr, z_ptr, nw_ptr, normed_ptr, xo_ptr, inv_ptr, xsum_ptr,
+                                    t * nv + h // NORM_HEADS * NORM_HEADS, n_tokens * nv, nv,
+                                    stride_ot, stride_oh, stride_zt, stride_zh, eps, DV,
+                                    ROUND_PRODUCT, OPERAND, OPERAND_SUMS, NORM_HEADS, DV, ".cg")
 
     @triton.jit
     def _unit_lower_inverse(a, C: tl.constexpr, LEVELS: tl.constexpr,
