@@ -633,8 +633,12 @@ if triton is not None:
     ):
         """Program (block, kv head, split): rows r of the tile are query token r // GROUP_HEADS
         of the block and q head kv_head * GROUP_HEADS + r % GROUP_HEADS. Keys are walked over
-        [kv_start, kv_end): what the block's rows can see at all (visible_keys)."""
-        wait_for_inputs(GDC)
+        [kv_start, kv_end): what the block's rows can see at all (visible_keys).
+
+        The step's segment bounds and context lengths (copied in before the step's first
+        kernel, no kernel writes them) are read before `wait_for_inputs` (PDL): the block's
+        place and its keys' range, a binary search over cu_seqlens, come while the
+        predecessor still runs; q and the keys after the wait."""
         BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_HEADS
         # the GPU starts programs in launch order: the last query blocks, which see the most
         # keys of a causal prompt, go first, so that short ones, not long ones, end the grid
@@ -643,9 +647,12 @@ if triton is not None:
         split = tl.program_id(2)
         seq, first = block_of(cu_seqlens, block, num_seqs, BLOCK_Q)
         seq_end = tl.load(cu_seqlens + seq + 1)
+        context = tl.load(context_lens + seq)
+        # every program waits before it ends, a spare one too: that a grid has ended must mean
+        # its predecessors have (ops.launch)
+        wait_for_inputs(GDC)
         if first >= seq_end:
             return  # spare program: this sequence has fewer blocks than the grid leaves room for
-        context = tl.load(context_lens + seq)
 
         rows = tl.arange(0, BLOCK_M)
         tok = first + rows // GROUP_HEADS  # [BLOCK_M] query token (row of q)

@@ -14,8 +14,9 @@ rows are a small tile of their own, the rest of every tile reads x alone. That p
 rewrites the state: the new state is the segment's last K-1 inputs, read from x (or, for a
 segment shorter than K-1, one tile, from x and the old state), and the read-then-overwrite
 needs no ordering between programs, only a barrier inside one. Every row adds its taps in
-the same order, so its bits do not depend on where the chunks cut the prompt. `conv_input` and
-`conv_silu_at` are shared with the fused GDN decode kernel (ops.gdn).
+the same order, so its bits do not depend on where the chunks cut the prompt. `conv_input`,
+`conv_silu_at` and the first token's split of the latter (`conv_first_taps`, `conv_own_row`,
+`conv_silu_taps`: loads apart from the math) serve the fused GDN decode kernel (ops.gdn).
 """
 
 from __future__ import annotations
@@ -183,7 +184,39 @@ if triton is not None:
         xs = conv_input(x_ptr, stride_x, state_ptr, stride_sc, stride_sk, t - (K - 1) + j, lo,
                         ch[None, :], valid, K)
         w = tl.load(w_ptr + ch[None, :] * stride_w + j, mask=valid, other=0.0)
-        return silu_rounded(tl.sum(xs * w.to(tl.float32), axis=0), x_ptr.dtype.element_ty)
+        return _silu_of_taps(xs, w, x_ptr.dtype.element_ty)
+
+    @triton.jit
+    def _silu_of_taps(xs, w, dtype: tl.constexpr):
+        """silu(sum over taps of xs * w) [KP, CH] -> [CH], rounded to dtype (and back)."""
+        return silu_rounded(tl.sum(xs * w.to(tl.float32), axis=0), dtype)
+
+    @triton.jit
+    def conv_first_taps(w_ptr, stride_w, state_ptr, stride_sc, stride_sk, ch, cmask,
+                        K: tl.constexpr, KP: tl.constexpr):
+        """(weights, state taps) [KP, CH] of a segment's first row for channels ch: the
+        weights and the K-1 earlier rows from the conv state (the last tap, the row's own,
+        zero): what no kernel of a decode step writes, so they may load before the PDL wait
+        (`conv_silu_taps` then adds the row's own, `conv_own_row`)."""
+        j = tl.arange(0, KP)[:, None]
+        w = tl.load(w_ptr + ch[None, :] * stride_w + j, mask=(j < K) & cmask[None, :],
+                    other=0.0)
+        s = tl.load(state_ptr + ch[None, :] * stride_sc + j * stride_sk,
+                    mask=(j < K - 1) & cmask[None, :], other=0.0)
+        return w, s
+
+    @triton.jit
+    def conv_own_row(x_ptr, stride_x, t, ch, cmask, K: tl.constexpr, KP: tl.constexpr):
+        """Row t's own inputs as the last tap [KP, CH] (zeros at the others)."""
+        j = tl.arange(0, KP)[:, None]
+        return tl.load(x_ptr + t.to(tl.int64) * stride_x + ch[None, :] + j * 0,
+                       mask=(j == K - 1) & cmask[None, :], other=0.0)
+
+    @triton.jit
+    def conv_silu_taps(w, s, x, dtype: tl.constexpr):
+        """`conv_silu_at` of a segment's first row from `conv_first_taps` and
+        `conv_own_row`: the same taps, sums and rounding."""
+        return _silu_of_taps(s.to(dtype).to(tl.float32) + x.to(tl.float32), w, dtype)
 
     @triton.jit
     def store_conv_window(x_ptr, stride_x, state_ptr, dst_ptr, stride_sc, stride_sk, t, lo,

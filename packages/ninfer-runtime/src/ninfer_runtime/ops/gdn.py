@@ -571,7 +571,13 @@ def scan_kernel(dv: int):
 
 
 if triton is not None:
-    from ninfer_runtime.ops.conv import conv_silu_at, store_conv_window
+    from ninfer_runtime.ops.conv import (
+        conv_first_taps,
+        conv_own_row,
+        conv_silu_at,
+        conv_silu_taps,
+        store_conv_window,
+    )
     from ninfer_runtime.ops.launch import wait_for_inputs
     from ninfer_runtime.ops.norm import gated_norm_rows
     from ninfer_runtime.ops.varlen import block_of
@@ -589,12 +595,31 @@ if triton is not None:
 
         softplus as torch computes it: linear above 20, where exp would lose nothing.
         """
-        x = (tl.load(a_ptr + t * stride_a + h, mask=mask).to(tl.float32)
-             + tl.load(dtb_ptr + h, mask=mask).to(tl.float32))
+        return _gates(tl.load(a_ptr + t * stride_a + h, mask=mask),
+                      tl.load(b_ptr + t * stride_b + h, mask=mask),
+                      tl.load(alog_ptr + h, mask=mask), tl.load(dtb_ptr + h, mask=mask))
+
+    @triton.jit
+    def _gates(a, b, a_log, dt_bias):
+        """`_gating` of loaded values."""
+        x = a.to(tl.float32) + dt_bias.to(tl.float32)
         softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-        g = -tl.exp(tl.load(alog_ptr + h, mask=mask).to(tl.float32)) * softplus
-        beta = tl.sigmoid(tl.load(b_ptr + t * stride_b + h, mask=mask).to(tl.float32))
-        return g, beta
+        return -tl.exp(a_log.to(tl.float32)) * softplus, tl.sigmoid(b.to(tl.float32))
+
+    @triton.jit
+    def _delta_step(s, q, k, v, g, beta, scale):
+        """One token through the gated delta rule: (the state after it, its output o [BV])
+        from the state columns s [DK, BV] and the token's conv outputs q, k [DK], v [BV]."""
+        q = _l2norm_rows(q, 1e-6) * scale
+        k = _l2norm_rows(k, 1e-6)
+        decay = tl.exp(g)
+        # both reductions read the incoming state, so they run side by side:
+        # (decay S)^T k and (decay S + k delta^T)^T q = decay S^T q + (q.k) delta
+        sk = tl.sum(s * k[:, None], axis=0)
+        sq = tl.sum(s * q[:, None], axis=0)
+        delta = beta * (v - decay * sk)
+        o = decay * sq + tl.sum(q * k, axis=0) * delta
+        return s * decay + k[:, None] * delta[None, :], o
 
     @triton.jit(do_not_specialize=["n"])
     def _gating_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, n, stride_a, stride_b,
@@ -630,11 +655,15 @@ if triton is not None:
         the segment's tokens and is stored once (or once per token to its snapshot slot).
         Each program recomputes its k-head's q and k (conv + l2norm, a few KiB from L2).
 
-        With PDL the state tile (and the step's segment bounds and slots, copied in before
-        the step's first kernel) is loaded before `wait_for_inputs`, while the predecessor
-        still runs: nothing the predecessor writes is read until the wait, and the state was
-        last written a step earlier, by a kernel that finished before this one launched (see
-        ops.launch).
+        With PDL what no kernel of the step writes is loaded before `wait_for_inputs`, while
+        the predecessor still runs: the state tile, the first token's conv weights and conv
+        state taps, A_log and dt_bias (and the step's segment bounds and slots, copied in
+        before the step's first kernel). Nothing the predecessor writes is read until the
+        wait, and the states were last written a step earlier, by a kernel that finished
+        before this one launched (see ops.launch). After the wait the first token's own
+        inputs (its rows of q, k, v, a and b) are loaded together, before any of its math:
+        loaded where the math needs them, behind the reductions' barriers, they made five
+        round trips to memory one after another (sm_90 SASS, 2026-12-07).
         """
         NVB: tl.constexpr = DV // BV
         tl.static_assert(DV % BV == 0, "the state tiles are unmasked: BV must divide DV")
@@ -650,31 +679,40 @@ if triton is not None:
         dv = (pid % NVB) * BV + tl.arange(0, BV)
         tile = h * stride_sh + dk[:, None] * DV + dv[None, :]  # [DK, BV] of the head's state
         s = tl.load(states_ptr + slot * stride_ss + tile)
-        wait_for_inputs(GDC)
         conv_slot = conv_ptr + slot * stride_cs
         qch = kh * DK + dk
         kch = key_dim + qch
         vch = 2 * key_dim + h * DV + dv
         whole_k = dk < DK
         whole_v = dv < DV
-        for t in range(lo, hi):
+        wq, cq = conv_first_taps(w_ptr, stride_w, conv_slot, stride_cc, stride_ck, qch,
+                                 whole_k, K, KP)
+        wk, ck = conv_first_taps(w_ptr, stride_w, conv_slot, stride_cc, stride_ck, kch,
+                                 whole_k, K, KP)
+        wv, cv = conv_first_taps(w_ptr, stride_w, conv_slot, stride_cc, stride_ck, vch,
+                                 whole_v, K, KP)
+        a_log, dt_bias = tl.load(alog_ptr + h), tl.load(dtb_ptr + h)
+        wait_for_inputs(GDC)
+        xq = conv_own_row(x_ptr, stride_x, lo, qch, whole_k, K, KP)
+        xk = conv_own_row(x_ptr, stride_x, lo, kch, whole_k, K, KP)
+        xv = conv_own_row(x_ptr, stride_x, lo, vch, whole_v, K, KP)
+        a, b = tl.load(a_ptr + lo * stride_a + h), tl.load(b_ptr + lo * stride_b + h)
+        dtype: tl.constexpr = x_ptr.dtype.element_ty
+        g, beta = _gates(a, b, a_log, dt_bias)
+        s, o = _delta_step(s, conv_silu_taps(wq, cq, xq, dtype), conv_silu_taps(wk, ck, xk, dtype),
+                           conv_silu_taps(wv, cv, xv, dtype), g, beta, scale)
+        tl.store(o_ptr + lo * stride_ot + h * stride_oh + dv, o.to(o_ptr.dtype.element_ty))
+        if HAS_SNAPSHOTS:
+            tl.store(states_ptr + tl.load(snap_ptr + lo) * stride_ss + tile, s)
+        for t in range(lo + 1, hi):  # a verify segment's later tokens
             q = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc, stride_ck,
                              t, lo, qch, whole_k, K, KP)
             k = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc, stride_ck,
                              t, lo, kch, whole_k, K, KP)
             v = conv_silu_at(x_ptr, stride_x, w_ptr, stride_w, conv_slot, stride_cc, stride_ck,
                              t, lo, vch, whole_v, K, KP)
-            q = _l2norm_rows(q, 1e-6) * scale
-            k = _l2norm_rows(k, 1e-6)
             g, beta = _gating(a_ptr, b_ptr, alog_ptr, dtb_ptr, t, h, stride_a, stride_b)
-            decay = tl.exp(g)
-            # both reductions read the incoming state, so they run side by side:
-            # (decay S)^T k and (decay S + k delta^T)^T q = decay S^T q + (q.k) delta
-            sk = tl.sum(s * k[:, None], axis=0)
-            sq = tl.sum(s * q[:, None], axis=0)
-            delta = beta * (v - decay * sk)
-            o = decay * sq + tl.sum(q * k, axis=0) * delta
-            s = s * decay + k[:, None] * delta[None, :]
+            s, o = _delta_step(s, q, k, v, g, beta, scale)
             tl.store(o_ptr + t * stride_ot + h * stride_oh + dv, o.to(o_ptr.dtype.element_ty))
             if HAS_SNAPSHOTS:
                 tl.store(states_ptr + tl.load(snap_ptr + t) * stride_ss + tile, s)
