@@ -43,6 +43,18 @@ def test_matches_f_linear(m: int, n: int, k: int) -> None:
     assert not quant_linear.tile_counters(x.device, 8).any()
 
 
+def test_more_k_parts_than_the_last_program_loads_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 K parts of a row tile: the last to arrive adds them in two rounds of loads (32 at a
+    time, `_PARTS_IN_FLIGHT`), masking the second round's missing parts."""
+    monkeypatch.setattr(skinny_linear, "_PROGRAMS_PER_SM", 64)
+    x, w = rand(3, 40 * 128, seed=5), rand(16, 40 * 128, seed=6) / 64
+    assert skinny_linear.k_split(16, 40 * 128, torch.device(DEVICE))[1] == 40
+    torch.testing.assert_close(skinny_linear.skinny_linear(x, w),
+                               F.linear(x.float(), w.float()).to(DTYPE), atol=ATOL, rtol=1e-2)
+    assert not quant_linear.tile_counters(x.device, 8).any()
+
+
 def test_linear_takes_it_for_few_rows_through_small_plain_weights(
         monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []

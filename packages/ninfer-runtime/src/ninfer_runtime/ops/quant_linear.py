@@ -879,9 +879,10 @@ if triton is not None:
     _NV_F16_OUT = tl.constexpr(2.0**NV_F16_EXP)
     _INT_F16_BIAS = tl.constexpr(INT_F16_BIAS)
     _GROUP_BK_C = tl.constexpr(GROUP_BK)
-    # K parts the last program of a row tile loads at once: each round is an L2 round trip at
-    # the end of the kernel, where nothing hides it (a 14-way split took 4 rounds at 4)
-    _PARTS_IN_FLIGHT = tl.constexpr(8)
+    # K parts the last program of a row tile loads at once by default: each round is an L2
+    # round trip at the end of the kernel, where nothing hides it (a 14-way split took 4
+    # rounds at 4); a decode tile's part is 8-16 registers a thread, which bounds it
+    PARTS_IN_FLIGHT = 8
 
     @triton.jit
     def _e2m1(words, J: tl.constexpr):
@@ -1082,11 +1083,13 @@ if triton is not None:
         return tile, split, rows, rows < N, ms, ms < M, k_lo, tl.minimum(K, k_lo + split_len)
 
     @triton.jit
-    def sum_parts(acc, part, parts, part_ptr, offs, part_stride, mask, counter_ptr):
+    def sum_parts(acc, part, parts, part_ptr, offs, part_stride, mask, counter_ptr,
+                  IN_FLIGHT: tl.constexpr = PARTS_IN_FLIGHT):
         """(whether this program holds the whole sum, that sum) of a tile computed in `parts`
         parts, this program's being acc (part `part`): each part is stored at part_ptr + part *
         part_stride + offs, and the last to arrive (the tile's arrival counter) adds them all in
-        part order (the same bits whichever arrives last) and sets the counter back to 0."""
+        part order (the same bits whichever arrives last; IN_FLIGHT loads at a time) and sets
+        the counter back to 0."""
         last = parts == 1
         total = acc
         if parts > 1:
@@ -1098,8 +1101,8 @@ if triton is not None:
                 # ended (an atomic, acq_rel by default, would add a fence to the kernel's tail)
                 tl.store(counter_ptr, 0)
                 total = tl.zeros(acc.shape, tl.float32)
-                for j0 in range(0, parts, _PARTS_IN_FLIGHT):
-                    for u in tl.static_range(_PARTS_IN_FLIGHT):
+                for j0 in range(0, parts, IN_FLIGHT):
+                    for u in tl.static_range(IN_FLIGHT):
                         live = (tl.zeros(offs.shape, tl.int32) + j0 + u) < parts
                         total += tl.load(part_ptr + (j0 + u) * part_stride + offs,
                                          mask=mask & live, other=0.0, cache_modifier=".cg")

@@ -127,6 +127,11 @@ if triton is not None:
     from ninfer_runtime.ops.quant_decode import store_operand
     from ninfer_runtime.ops.quant_linear import split_program, sum_parts
 
+    # K parts the last program of a row tile loads at once (`quant_linear.sum_parts`): a part
+    # is [BM, BN] = at most 16 x 16 fp32, 2 registers a thread, so the 27B in_proj_ba's 40
+    # parts take 2 rounds of L2 round trips at the kernel's end instead of the decode GEMV's 5
+    _PARTS_IN_FLIGHT = tl.constexpr(32)
+
     @triton.jit
     def _weight_tile(w_rows, row_ok, k0, k_hi, BK: tl.constexpr):
         """w[rows, k0:k0 + BK] (zero past k_hi and past the last row)."""
@@ -180,7 +185,7 @@ if triton is not None:
         mask = m_ok[:, None] & row_ok[None, :]
         offs = ms.to(tl.int64)[:, None] * N + rows[None, :]
         last, total = sum_parts(tl.trans(acc), part, tl.num_programs(1), part_ptr, offs, M * N,
-                                mask, counter_ptr + tile)
+                                mask, counter_ptr + tile, _PARTS_IN_FLIGHT)
         if last:
             tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
         return last
