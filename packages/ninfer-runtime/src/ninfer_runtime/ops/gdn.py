@@ -447,11 +447,12 @@ def _launch_decode(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
 # streams them once: 8 KiB (BV 16) or 16 KiB (BV 32) each way at dk 128, with 4 warps. Narrow
 # tiles when wide ones would leave SMs with fewer than two programs (27B batch 1: 48 heads x 8
 # = 384 programs, not 192). NOTE (sm_90 SASS, Triton 3.6, dk 128, 4 warps, with the output
-# norm and its operand, 2026-12-07): 128 registers a thread at BV 16, 204 at BV 32, no spills;
-# 4 (BV 16) or 2 (BV 32) programs fit an SM: 32 KiB of state loads in flight per SM. A
-# persistent grid (2 programs an SM, each taking every 264th work item with the next item's
-# state tile loaded ahead, 252 registers at BV 32) lost to this grid at 8 sequences: the 27B
-# at C = 8 decoded 616 tok/s against 641 (docs/perf.md, thirty-first run).
+# norm and its operand, 2026-12-07): 166 registers a thread at BV 16, 196 at BV 32, no spills
+# (128 and 204 before the first token's conv taps were loaded ahead of the wait); 3 (BV 16) or
+# 2 (BV 32) programs fit an SM: 24-32 KiB of state loads in flight per SM. A persistent grid
+# (2 programs an SM, each taking every 264th work item with the next item's state tile loaded
+# ahead, 252 registers at BV 32) lost to this grid at 8 sequences: the 27B at C = 8 decoded
+# 616 tok/s against 641 (docs/perf.md, thirty-first run).
 _DECODE_WARPS = 4
 _DECODE_MIN_PROGRAMS_PER_SM = 2
 # Sequence x k-head counters of the decode kernel's ticket (see the kernel). Every launch
