@@ -9,7 +9,8 @@ are visible (and, since every PDL kernel waits before it ends, every earlier ker
 then lets this kernel's own successor launch. So each kernel launched with `options(...)` calls
 `wait_for_inputs` before it loads its inputs; what no kernel of a step writes may be loaded
 before, so that its latency passes while the predecessor runs (the skinny GEMV's first weight
-tile, 0.3-0.5 us a call on the H200; the GDN decode's state tile). Requests to L2 for the
+tile, 0.3-0.5 us a call on the H200; the GDN decode's state tile and first conv taps; paged
+attention's place in the step's segments). Requests to L2 for the
 decode GEMV's first tiles (`prefetch.global.L2`, or the bulk `prefetch_to_l2`) made it slower
 (docs/perf.md, sixth and tenth runs). torch and cuBLAS kernels launch as usual and wait for
 their predecessors in full.
