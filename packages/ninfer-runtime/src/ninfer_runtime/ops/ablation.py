@@ -1,12 +1,13 @@
 """Timing-only ablations of a decode step's small kernels: NINFER_ABLATE=op[,op...].
 
 Each named op is skipped where it runs on at most `DECODE_ROWS` tokens (decode and the
-warm-up's short prompts; long prompts run everything) and its outputs are left as unwritten
-buffers of the right shapes: the step's results are garbage, every other kernel runs as
-before. `ninfer-bench engine` with and without an ablation measures what the op adds to a
-CUDA-graphed decode step under PDL, which neither the eager breakdown (a PDL kernel's profiled
-time includes its wait for the one before) nor a breakdown without PDL (no overlap at all)
-tells (`scripts/gpu_measure.sh`, docs/perf.md). Never set it for results.
+warm-up's short prompts; long prompts run everything) and its outputs are replaced by shared
+zero buffers of the right shapes (`zeros`): the step's results are garbage, every other
+kernel runs as before. `ninfer-bench engine` with and without an ablation measures what the op
+adds to a CUDA-graphed decode step under PDL, which neither the eager breakdown (a PDL
+kernel's profiled time includes its wait for the one before) nor a breakdown without PDL (no
+overlap at all) tells (`NINFER_ABLATE=gdn bash scripts/tree_ab.sh run head` on the GPU
+machine; docs/perf.md, thirty-first run). Never set it for results.
 
 - norm: the decoder layer's input and post-attention RMSNorms (the residual adds with them;
   both the mixer and the MLP then read the residual stream as it came, which stays finite)
