@@ -100,12 +100,14 @@ def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: Step
                  state.recurrent, batch.cu_seqlens[:seqs + 1], batch.state_slots[:seqs],
                  batch.snapshot_slots)
     heads_z = z.reshape(n, nv, dv)
-    if r and r == n and ablated("gdn", x):
-        out = zeros("gdn", heads_z.shape, z.dtype, z.device)
-        operand = _ablated_operand(z, decode_operand_spec(z, w.out_proj))
-    elif r and r == n:  # decode and verify rows only: the output norm runs in that pass too
-        out, operand = gdn_decode_norm(*recurrent, OutputNorm(
-            heads_z, w.norm, cfg.rms_norm_eps, decode_operand_spec(z, w.out_proj)))
+    if r and r == n:  # decode and verify rows only: the output norm runs in that pass too
+        spec = decode_operand_spec(z, w.out_proj)
+        if ablated("gdn", x):
+            out = zeros("gdn", heads_z.shape, z.dtype, z.device)
+            operand = _ablated_operand(z, spec)
+        else:
+            out, operand = gdn_decode_norm(*recurrent, OutputNorm(heads_z, w.norm,
+                                                                  cfg.rms_norm_eps, spec))
     else:
         parts = [gdn_decode(*recurrent)] if r else []
         parts.append(_chunked_gdn(mixed[r:], a[r:], b[r:], w, state, batch.chunked_cu_seqlens,

@@ -237,22 +237,24 @@ class DecodeOperand:
     group: int
 
     @classmethod
-    def empty(cls, m: int, k: int, group: int, sums: bool, device: torch.device
+    def empty(cls, m: int, k: int, group: int, sums: bool, device: torch.device,
+              alloc: Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor] | None = None
               ) -> DecodeOperand:
         """Unwritten buffers for the operand of an [m, k] activation: xo [8, m, k/8] fp16,
-        inv and (with `sums`; else inv again) xsum [groups, m] fp32."""
-        inv = torch.empty((-(-k // group), m), dtype=torch.float32, device=device)
-        xo = torch.empty((8, m, k // 8), dtype=torch.float16, device=device)
-        return cls(xo, inv, torch.empty_like(inv) if sums else inv, group)
+        inv and (with `sums`; else inv again) xsum [groups, m] fp32. `alloc(role, shape,
+        dtype)` makes them instead of torch.empty (`ablated`)."""
+        make = alloc or (lambda role, shape, dtype: torch.empty(shape, dtype=dtype,
+                                                               device=device))
+        inv = make("inv", (-(-k // group), m), torch.float32)
+        xo = make("xo", (8, m, k // 8), torch.float16)
+        return cls(xo, inv, make("xsum", inv.shape, torch.float32) if sums else inv, group)
 
     @classmethod
     def ablated(cls, m: int, k: int, group: int, sums: bool, device: torch.device
                 ) -> DecodeOperand:
         """Zeros standing for the operand an ablated op would write (`ops.ablation.zeros`)."""
-        inv = zeros("inv", (-(-k // group), m), torch.float32, device)
-        xo = zeros("xo", (8, m, k // 8), torch.float16, device)
-        return cls(xo, inv, zeros("xsum", inv.shape, torch.float32, device) if sums else inv,
-                   group)
+        return cls.empty(m, k, group, sums, device,
+                         lambda role, shape, dtype: zeros(role, shape, dtype, device))
 
     @property
     def sums(self) -> bool:
@@ -882,7 +884,7 @@ if triton is not None:
     # K parts the last program of a row tile loads at once by default: each round is an L2
     # round trip at the end of the kernel, where nothing hides it (a 14-way split took 4
     # rounds at 4); a decode tile's part is 8-16 registers a thread, which bounds it
-    PARTS_IN_FLIGHT = 8
+    _PARTS_IN_FLIGHT = 8
 
     @triton.jit
     def _e2m1(words, J: tl.constexpr):
@@ -1084,7 +1086,7 @@ if triton is not None:
 
     @triton.jit
     def sum_parts(acc, part, parts, part_ptr, offs, part_stride, mask, counter_ptr,
-                  IN_FLIGHT: tl.constexpr = PARTS_IN_FLIGHT):
+                  IN_FLIGHT: tl.constexpr = _PARTS_IN_FLIGHT):
         """(whether this program holds the whole sum, that sum) of a tile computed in `parts`
         parts, this program's being acc (part `part`): each part is stored at part_ptr + part *
         part_stride + offs, and the last to arrive (the tile's arrival counter) adds them all in
