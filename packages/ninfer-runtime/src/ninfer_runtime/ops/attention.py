@@ -61,9 +61,10 @@ except ImportError:  # the torch references need no Triton
 LOG2E = 1.4426950408889634
 DECODE_BLOCK_M = 16  # fewest rows tl.dot takes; decode packs one token's q heads into them
 PREFILL_BLOCK_M = 128  # rows (tokens x q heads of a kv head) per program for prompt chunks
-MAX_SPLITS = 64  # context splits per query block (a power of two)
-# fewer keys than this per split cost more in merging than they save (a guess, untimed until
-# the thirty-first run: NINFER_ATTN_MIN_SPLIT overrides it for that A/B)
+# context splits per query block (a power of two), and the fewest keys a split takes (fewer
+# cost more in merging than they save): guesses, untimed until the thirty-second run
+# (NINFER_ATTN_MAX_SPLITS and NINFER_ATTN_MIN_SPLIT override them for that A/B)
+MAX_SPLITS = int(os.environ.get("NINFER_ATTN_MAX_SPLITS", "64"))
 MIN_SPLIT_TOKENS = int(os.environ.get("NINFER_ATTN_MIN_SPLIT", "256"))
 WAVES = 2  # programs to aim for, per multiprocessor, before splitting stops
 MERGE_PARTIALS = 32  # partial outputs (heads x splits) one merge program combines, at most
