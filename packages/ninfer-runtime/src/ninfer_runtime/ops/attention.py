@@ -856,6 +856,13 @@ def _merge_heads(num_splits: int, num_heads: int) -> int:
     return max(1, min(_pow2(num_heads), MERGE_PARTIALS // num_splits))
 
 
+def _merge_warps(partial_values: int) -> int:
+    """Warps of a merge program that loads `partial_values` fp32 values at once: ~64 a thread
+    (4 warps held a decode head's 64 splits in 186 registers, 128 splits spilled; 8 and 16
+    warps hold them in 99 and 105: sm_90 SASS, Triton 3.6)."""
+    return min(16, max(4, partial_values // (32 * 64)))
+
+
 def _check_cache(cache_: torch.Tensor, scales: torch.Tensor | None) -> None:
     assert cache_.is_contiguous(), "KV cache pages must be contiguous"
     if scales is not None:
@@ -964,6 +971,7 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         *operand_buffers(operand, out), n, nq, NUM_SPLITS=plan.num_splits, HEAD_DIM=d,
         HEADS=heads, HAS_GATE=gate is not None,
         OPERAND=operand is not None, GROUP=operand.group if operand else d,
-        HAS_SUM=operand is not None and operand.sums, **options(q.device),
+        HAS_SUM=operand is not None and operand.sums,
+        num_warps=_merge_warps(heads * plan.num_splits * d), **options(q.device),
     )
     return out, operand
