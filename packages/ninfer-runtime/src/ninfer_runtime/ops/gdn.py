@@ -729,26 +729,32 @@ if triton is not None:
             dst = conv_ptr + (tl.load(snap_ptr + t) if HAS_SNAPSHOTS else slot) * stride_cs
             store_conv_window(x_ptr, stride_x, conv_slot, dst, stride_cc, stride_ck, t, lo,
                               vch, whole_v, K, KP)
+        # With NORM the norm's ticket (the o stores above before it) is taken in the same
+        # atomic instruction, a lane each: one fence and one round trip to L2, where two
+        # tickets one after the other waited out two of each.
         tl.debug_barrier()
-        counter = ticket_ptr + seq * (key_dim // DK) + kh
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == GROUP * NVB - 1:
+        conv_counter = ticket_ptr + seq * (key_dim // DK) + kh
+        nv = tl.num_programs(0) // NVB
+        norm_counter = norm_ticket_ptr + seq * (nv // NORM_HEADS) + h // NORM_HEADS
+        lane = tl.arange(0, 2 if NORM else 1)
+        taken = tl.atomic_add(tl.where(lane == 0, conv_counter, norm_counter), 1,
+                              sem="acq_rel", scope="gpu")
+        last = taken == tl.where(lane == 0, GROUP * NVB, NORM_HEADS * NVB) - 1
+        if tl.max(tl.where(lane == 0, last, False), 0):
             for t in range(first, hi):
                 dst = conv_ptr + (tl.load(snap_ptr + t) if HAS_SNAPSHOTS else slot) * stride_cs
                 store_conv_window(x_ptr, stride_x, conv_slot, dst, stride_cc, stride_ck, t, lo,
                                   qch, whole_k, K, KP)
                 store_conv_window(x_ptr, stride_x, conv_slot, dst, stride_cc, stride_ck, t, lo,
                                   kch, whole_k, K, KP)
-            tl.store(counter, 0)
-        if NORM:
-            nv = tl.num_programs(0) // NVB
-            counter = norm_ticket_ptr + seq * (nv // NORM_HEADS) + h // NORM_HEADS
-            if tl.atomic_add(counter, 1, sem="acq_rel") == NORM_HEADS * NVB - 1:
-                tl.store(counter, 0)
-                for t in range(lo, hi):
-                    gated_norm_rows(o_ptr, z_ptr, nw_ptr, normed_ptr, xo_ptr, inv_ptr, xsum_ptr,
-                                    t * nv + h // NORM_HEADS * NORM_HEADS, n_tokens * nv, nv,
-                                    stride_ot, stride_oh, stride_zt, stride_zh, eps, DV,
-                                    ROUND_PRODUCT, OPERAND, OPERAND_SUMS, NORM_HEADS, DV, ".cg")
+            tl.store(conv_counter, 0)
+        if NORM and tl.max(tl.where(lane == 1, last, False), 0):
+            tl.store(norm_counter, 0)
+            for t in range(lo, hi):
+                gated_norm_rows(o_ptr, z_ptr, nw_ptr, normed_ptr, xo_ptr, inv_ptr, xsum_ptr,
+                                t * nv + h // NORM_HEADS * NORM_HEADS, n_tokens * nv, nv,
+                                stride_ot, stride_oh, stride_zt, stride_zh, eps, DV,
+                                ROUND_PRODUCT, OPERAND, OPERAND_SUMS, NORM_HEADS, DV, ".cg")
 
     @triton.jit
     def _unit_lower_inverse(a, C: tl.constexpr, LEVELS: tl.constexpr,
