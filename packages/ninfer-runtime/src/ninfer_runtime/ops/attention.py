@@ -610,9 +610,11 @@ if triton is not None:
         acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=DOT_PRECISION)
         return m_new, l_i, acc, k_next, ks_next, v_next, vs_next
 
+    # the split floor is in the key: it sets the keys a program walks, and with them the
+    # programs an SM should hold (which the configs' warps and registers decide)
     @triton.autotune(configs=_configs(),
                      key=["BLOCK_M", "GROUP_HEADS", "HEAD_DIM", "QUANT", "NUM_SPLITS", "CAUSAL",
-                          "HAS_WINDOW", "ASM"],
+                          "HAS_WINDOW", "ASM", "min_split_tokens"],
                      prune_configs_by={"early_config_prune": _prune_configs},
                      cache_results=True)
     # Triton compiles a variant per value class of an int argument (== 1, divisible by 16, other);
