@@ -61,11 +61,15 @@ except ImportError:  # the torch references need no Triton
 LOG2E = 1.4426950408889634
 DECODE_BLOCK_M = 16  # fewest rows tl.dot takes; decode packs one token's q heads into them
 PREFILL_BLOCK_M = 128  # rows (tokens x q heads of a kv head) per program for prompt chunks
-# context splits per query block (a power of two), and the fewest keys a split takes (fewer
-# cost more in merging than they save): guesses, untimed until the thirty-second run
-# (NINFER_ATTN_MAX_SPLITS and NINFER_ATTN_MIN_SPLIT override them for that A/B)
+# Context splits per query block (a power of two), and the fewest keys a split takes (fewer
+# cost more in merging than they save). One sequence's decode has 64 splits a kv head; with a
+# floor of 256 keys only 32 of them worked at 8K (128 programs, one an SM for the config the
+# tuner picked there, 8 warps at 149 registers), while from 16K on all 64 do, twice the
+# programs under the config tuned at 8K: two waves. A floor of 128 keeps 8K and every longer
+# context at the same working grid. Both untimed (NINFER_ATTN_MAX_SPLITS, NINFER_ATTN_MIN_SPLIT
+# override them for the A/B; the old floor: NINFER_ATTN_MIN_SPLIT=256).
 MAX_SPLITS = int(os.environ.get("NINFER_ATTN_MAX_SPLITS", "64"))
-MIN_SPLIT_TOKENS = int(os.environ.get("NINFER_ATTN_MIN_SPLIT", "256"))
+MIN_SPLIT_TOKENS = int(os.environ.get("NINFER_ATTN_MIN_SPLIT", "128"))
 WAVES = 2  # programs to aim for, per multiprocessor, before splitting stops
 MERGE_PARTIALS = 32  # partial outputs (heads x splits) one merge program combines, at most
 # INT8 KV dequantized by inline PTX in fp16 (kv_quant.INT8_QUAD_PTX), four codes an
