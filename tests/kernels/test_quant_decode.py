@@ -1,6 +1,6 @@
 """The kernels' inline PTX, executed by a small emulator over every input it can see.
 
-`quant_decode`'s PTX strings (the decode GEMV) and `kv_quant.INT8_QUAD_PTX` (INT8 KV in
+`quant_decode`'s PTX strings (the decode GEMV) and `kv_quant.INT8_WORD_PTX` (INT8 KV in
 attention) run on the GPU only; here each instruction they use is replayed
 in torch with the semantics the PTX ISA documents (prmt's byte select and sign replicate,
 lop3's truth table, cvt / mul rounding to nearest even), vectorized over all inputs: every
@@ -186,11 +186,11 @@ def test_emulator_prmt_and_lop3_semantics() -> None:
     assert _lop3(x, y, z, 0x96).item() == 0xF0 ^ 0xCC ^ 0xAA
 
 
-def test_int8_quad_is_code_times_scale() -> None:
-    """kv_quant.INT8_QUAD_PTX over every int8 code at every byte position, with fp16 scales
+def test_int8_word_is_code_times_scale() -> None:
+    """kv_quant.INT8_WORD_PTX over every int8 code at every byte position, with fp16 scales
     from tiny to large: lane values are q * s rounded once to fp16, code i of the input word in
     output i (codes 0, 1 in $0's low and high halves, 2, 3 in $1's)."""
-    from ninfer_runtime.ops.kv_quant import INT8_QUAD_PTX
+    from ninfer_runtime.ops.kv_quant import INT8_WORD_PTX
 
     gen = torch.Generator().manual_seed(0)
     codes = torch.arange(-128, 128, dtype=torch.int64).repeat(16)
@@ -201,7 +201,9 @@ def test_int8_quad_is_code_times_scale() -> None:
         quad = [others[i - (i > position)] if i != position else codes for i in range(4)]
         word = sum((q & 0xFF) << (8 * i) for i, q in enumerate(quad))
         s = [scales.roll(i) for i in range(4)]
-        regs = run_ptx(INT8_QUAD_PTX, {2: word, 3: _pack(s[0], s[1]), 4: _pack(s[2], s[3])})
+        # the word's four copies in $2 .. $5 (the PTX reads $2), the scales in $6, $7
+        regs = run_ptx(INT8_WORD_PTX, {**dict.fromkeys(range(2, 6), word),
+                                       6: _pack(s[0], s[1]), 7: _pack(s[2], s[3])})
         lanes = [*_halves(regs["$0"]), *_halves(regs["$1"])]
         for i in range(4):
             expect = (quad[i].double() * s[i].double()).half()

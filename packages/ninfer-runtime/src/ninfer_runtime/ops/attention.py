@@ -52,7 +52,7 @@ try:
     import triton
     import triton.language as tl
 
-    from ninfer_runtime.ops.kv_quant import dequantize_int8_tile, quantize_int8_tile
+    from ninfer_runtime.ops.kv_quant import dequantize_int8_words, quantize_int8_tile
     from ninfer_runtime.ops.quant_decode import store_operand
     from ninfer_runtime.ops.varlen import block_of
 except ImportError:  # the torch references need no Triton
@@ -72,7 +72,7 @@ MAX_SPLITS = int(os.environ.get("NINFER_ATTN_MAX_SPLITS", "64"))
 MIN_SPLIT_TOKENS = int(os.environ.get("NINFER_ATTN_MIN_SPLIT", "128"))
 WAVES = 2  # programs to aim for, per multiprocessor, before splitting stops
 MERGE_PARTIALS = 32  # partial outputs (heads x splits) one merge program combines, at most
-# INT8 KV dequantized by inline PTX in fp16 (kv_quant.INT8_QUAD_PTX), four codes an
+# INT8 KV dequantized by inline PTX in fp16 (kv_quant.INT8_WORD_PTX), four codes an
 # instruction, the dots then in fp16. The fp32 path converts every code with I2F and rounds
 # pairs to bf16 with F2FP, conversions that Hopper issues at a fraction of the FP32 rate
 # (Triton took its own s8 -> bf16 cast off them for that reason, triton-lang/triton#4563): a
@@ -80,7 +80,11 @@ MERGE_PARTIALS = 32  # partial outputs (heads x splits) one merge program combin
 # thread an iteration among 931 instructions; with the PTX, 747 and neither (16 spill loads an
 # iteration at BLOCK_N 64, none at 32 or 16: the tuner picks). Decode loops: 5.9 instead of
 # 6.8 instructions per KV element (BLOCK_N 32, 4 warps). Not for fp32 queries or the
-# interpreter (which cannot run PTX).
+# interpreter (which cannot run PTX). The codes are loaded as the 32-bit words that hold four
+# of them, as the PTX takes them: loaded as int8, Triton unpacked each word into bytes and
+# packed them back (sm_90, Triton 3.6, the decode tiles' loops: 587 -> 514 instructions at
+# BLOCK_N 16 with 4 warps, 621 -> 520 at BLOCK_N 32 with 8, 787 -> 550 and 179 -> 128
+# registers without prefetching; the prompt tiles' as before).
 KV_DEQUANT_ASM = not INTERPRET
 
 
@@ -536,14 +540,17 @@ if triton is not None:
     def _kv_load(cache_, scales, slots, mask, head, num_heads, BLOCK_N: tl.constexpr,
                  HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, QUANT: tl.constexpr):
         """Head `head` of the tokens in `slots` [BLOCK_N] as stored (masked tokens read as 0):
-        int8 codes [BLOCK_N, groups, GROUP] and their scales [BLOCK_N, groups] when QUANT,
+        when QUANT its int8 codes as the 32-bit words that hold four of them, [BLOCK_N,
+        groups, GROUP // 4], and their scales [BLOCK_N, groups] (`dequantize_int8_words`),
         else values [BLOCK_N, HEAD_DIM] (and a placeholder scale)."""
         GROUPS: tl.constexpr = HEAD_DIM // GROUP
         if QUANT:
             g = tl.arange(0, GROUPS)
-            d = g[None, :, None] * GROUP + tl.arange(0, GROUP)[None, None, :]
-            row = slots[:, None, None] * num_heads * HEAD_DIM + head * HEAD_DIM
-            x = tl.load(cache_ + row + d, mask=mask[:, None, None], other=0)
+            WORDS: tl.constexpr = GROUP // 4  # a group's words
+            d = g[None, :, None] * WORDS + tl.arange(0, WORDS)[None, None, :]
+            row = slots[:, None, None] * num_heads * (HEAD_DIM // 4) + head * (HEAD_DIM // 4)
+            words = cache_.to(tl.pointer_type(tl.int32))
+            x = tl.load(words + row + d, mask=mask[:, None, None], other=0)
             s = tl.load(scales + slots[:, None] * num_heads * GROUPS + head * GROUPS
                         + g[None, :], mask=mask[:, None], other=0.0)
         else:
@@ -557,9 +564,9 @@ if triton is not None:
     def _kv_values(x, s, OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr,
                    HEAD_DIM: tl.constexpr, QUANT: tl.constexpr, ASM: tl.constexpr):
         """A tile of `_kv_load` as [BLOCK_N, HEAD_DIM] OUT_DTYPE, dequantized in registers
-        when QUANT (ASM: in fp16, four codes per instruction, kv_quant.INT8_QUAD_PTX)."""
+        when QUANT (ASM: in fp16, four codes per instruction, kv_quant.INT8_WORD_PTX)."""
         if QUANT:
-            x = tl.reshape(dequantize_int8_tile(x, s, ASM), (BLOCK_N, HEAD_DIM))
+            x = tl.reshape(dequantize_int8_words(x, s, ASM), (BLOCK_N, HEAD_DIM))
         return x.to(OUT_DTYPE)
 
     @triton.jit

@@ -9,7 +9,7 @@ small test model with head_dim 32 has one group per head.
 
 The Triton tile helpers below are the same math for the fused store and attention kernels
 (ops.attention); they are defined only where Triton imports. On the GPU the attention kernels
-dequantize with `INT8_QUAD_PTX` instead: four codes per 32-bit instruction, in fp16. Int8 code
+dequantize with `INT8_WORD_PTX` instead: four codes per 32-bit instruction, in fp16. Int8 code
 q becomes an fp16 integer exactly: byte q ^ 0x80 = q + 128 as the low byte under 0x64 is the
 fp16 1024 + (q + 128) (prmt, two codes per register), less 1152 (one f16x2 subtraction), then
 times the group's fp16 scale, rounded once (one f16x2 multiply): q * s in fp16, 11
@@ -31,9 +31,14 @@ KV_GROUP = 64
 SCALE_DTYPE = torch.float16
 INT8_MAX = 127
 
-# PTX: four int8 codes in $2 (byte i = code i) and their fp16 scales ($3: codes 0, 1; $4:
-# codes 2, 3) -> $0 = fp16x2 of q * s for codes 0, 1 (code 0 in the low half), $1 for 2, 3
-INT8_QUAD_PTX = "\n".join([
+
+
+# PTX: an instance takes four copies of the 32-bit word that holds four int8 codes ($2 .. $5,
+# one read; byte i = code i) and their fp16 scales ($6: codes 0, 1; $7: codes 2, 3) -> $0 =
+# fp16x2 of q * s for codes 0, 1 (code 0 in the low half), $1 for 2, 3. The codes stay in
+# their word from the load to the PTX: loaded as int8 values, Triton unpacked every word into
+# bytes and packed them back for the PTX (4 + 2 PRMTs a word; `dequantize_int8_words`).
+INT8_WORD_PTX = "\n".join([
     "{", ".reg .b32 u, lo, hi, bias;",
     "xor.b32 u, $2, 0x80808080;",
     "prmt.b32 lo, u, 0x64646464, 0x4140;",
@@ -41,8 +46,8 @@ INT8_QUAD_PTX = "\n".join([
     "mov.b32 bias, 0x64806480;",
     "sub.rn.f16x2 lo, lo, bias;",
     "sub.rn.f16x2 hi, hi, bias;",
-    "mul.rn.f16x2 $0, lo, $3;",
-    "mul.rn.f16x2 $1, hi, $4;",
+    "mul.rn.f16x2 $0, lo, $6;",
+    "mul.rn.f16x2 $1, hi, $7;",
     "}"])
 
 
@@ -93,16 +98,27 @@ if triton is not None:
         q = tl.minimum(tl.maximum(q, -_QMAX), _QMAX)
         return q.to(tl.int8), scale
 
-    _INT8_QUAD = tl.constexpr(INT8_QUAD_PTX)
+    _INT8_WORD = tl.constexpr(INT8_WORD_PTX)
 
     @triton.jit
-    def dequantize_int8_tile(q, scale, ASM: tl.constexpr):
-        """int8 [R, G_count, group] and their scales [R, G_count] -> fp32 as dequantize_int8,
-        or with ASM (GPU only) fp16 through INT8_QUAD_PTX."""
+    def dequantize_int8_words(words, scale, ASM: tl.constexpr):
+        """int8 codes as the int32 words that hold four of them, [R, G_count, group // 4]
+        (code i of a word in byte i), and their scales [R, G_count] -> [R, G_count,
+        group // 4, 4]: fp32 as dequantize_int8, or with ASM (GPU only) fp16 through
+        INT8_WORD_PTX."""
+        shape: tl.constexpr = (words.shape[0], words.shape[1], words.shape[2], 4)
+        # four copies side by side in one thread's registers (tl.join: a broadcast along a
+        # new axis spread them over threads, which the PTX's pack then gathered back)
+        pair = tl.join(words, words)
+        quad = tl.reshape(tl.join(pair, pair), shape)
+        s = tl.broadcast_to(scale[:, :, None], words.shape)
+        s_pair = tl.join(s, s)
+        s_quad = tl.reshape(tl.join(s_pair, s_pair), shape)
         if ASM:
-            x = tl.inline_asm_elementwise(
-                _INT8_QUAD, "=r,=r,r,r,r", [q, tl.broadcast_to(scale[:, :, None], q.shape)],
-                dtype=tl.float16, is_pure=True, pack=4)
+            x = tl.inline_asm_elementwise(_INT8_WORD, "=r,=r,r,r,r,r,r,r", [quad, s_quad],
+                                          dtype=tl.float16, is_pure=True, pack=4)
         else:
-            x = q.to(tl.float32) * scale.to(tl.float32)[:, :, None]
+            byte = tl.arange(0, 4)[None, None, None, :]
+            codes = (quad << (24 - 8 * byte)) >> 24  # byte i, sign-extended (arithmetic shift)
+            x = codes.to(tl.float32) * s_quad.to(tl.float32)
         return x
