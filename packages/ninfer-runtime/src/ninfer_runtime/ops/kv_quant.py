@@ -31,8 +31,6 @@ KV_GROUP = 64
 SCALE_DTYPE = torch.float16
 INT8_MAX = 127
 
-
-
 # PTX: an instance takes four copies of the 32-bit word that holds four int8 codes ($2 .. $5,
 # one read; byte i = code i) and their fp16 scales ($6: codes 0, 1; $7: codes 2, 3) -> $0 =
 # fp16x2 of q * s for codes 0, 1 (code 0 in the low half), $1 for 2, 3. The codes stay in
