@@ -15,6 +15,10 @@
 # and the tuned plans (tuning/) into the run's archive in $OUT. EXTRA adds options to every
 # tree's bench (e.g. EXTRA="--prefill-chunk 8192 --max-batched-tokens 8192"), TAG a suffix to
 # its output names (so a second pass over a tree in one call keeps the first's files).
+# Plans tuned by an earlier run seed the tuner where ab/tuning/ holds them (a run's archive
+# has its tuning/: `tar xzf tree_ab-*.tgz -C ab ./tuning`); a file serves only the GPU model
+# and Triton version in its name, and only the plans whose candidates have not changed, so
+# the first tree skips the ~2.5 minutes of tuning where they match.
 set -uo pipefail
 cmd=${1:-}; shift || true
 case $cmd in
@@ -34,7 +38,8 @@ out=$(mktemp -d)
 trap 'tar czf "$returned/tree_ab${TAG:+-$TAG}-$$.tgz" -C "$out" . && cat "$out/stages.txt" >> "$returned/stages.txt"' EXIT
 artifact=/tmp/artifacts/${PROFILE:=qwen3_6_27b}_${WEIGHTS:=nvfp4}.ninfer
 export NINFER_HOME=/tmp/ninfer-ab
-mkdir -p /tmp/artifacts
+mkdir -p /tmp/artifacts "$NINFER_HOME/tuning"
+cp -n ab/tuning/*.json "$NINFER_HOME/tuning/" 2>/dev/null
 [ -f "$artifact" ] || timeout 420 python3 -m ninfer_convert.cli build "$PROFILE" --random-init \
   --weights "$WEIGHTS" --no-vision --device cuda -o "$artifact" > "$out/build.log" 2>&1
 echo "build rc=$? ${SECONDS}s" | tee -a "$out/stages.txt"
