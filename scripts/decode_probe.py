@@ -70,8 +70,8 @@ _RAW_PTX = tl.constexpr("\n".join(f"mov.b32 ${j}, ${8 + j % 2};" for j in range(
 def _probe_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, stride_s,
                   split_len, MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                   BK: tl.constexpr, DOTS: tl.constexpr):
-    tile, split, rows, row_ok, ms, m_ok, k_lo, k_hi = ql.split_item(
-        tl.program_id(0), tl.program_id(1), M, N, K, split_len, BM, BN)
+    tile, split, rows, row_ok, ms, m_ok, k_lo, k_hi = ql.split_program(M, N, K, split_len,
+                                                                       BM, BN)
     BKW: tl.constexpr = BK // 8
     row_off = rows.to(tl.int64)
     acc = tl.zeros((BN, BM), tl.float32)

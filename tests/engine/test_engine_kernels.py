@@ -93,10 +93,9 @@ def test_dependent_launches_give_the_tokens_of_plain_launches(
 
 # Where a producer hands the next GEMV its decode operand: the GDN norm's 4 heads of 32 (the
 # norm kernel's for the prompt, the GDN decode's own for one-token steps) make a
-# groupwise-int operand group (128), not an nvfp4 one (256); the router's writes the experts'
-# gate|up stage's, the dense gate|up GEMV down's (inside the MLP's one launch, `mlp_decode`;
-# off, the MLP runs as two GEMVs without it). in_proj_ba and in_proj_qkvz run as one launch
-# (`paired_linear`), in_proj_qkvz with its own activation pass, in both runs.
+# groupwise-int operand group (128), not an nvfp4 one (256); in_proj_ba's skinny kernel writes
+# in_proj_qkvz's, the router's the experts' gate|up stage's, the dense gate|up GEMV down's
+# (inside the MLP's one launch, `mlp_decode`; off, the MLP runs as two GEMVs without it).
 # The tiny MoE's bf16 router logits tie exactly for a decode token (margins: docs/perf.md,
 # twelfth run), and which expert a tie picks is the kernel's choice: the MoE is checked
 # against itself only.
@@ -130,33 +129,33 @@ def test_half_steps_give_the_reference_logits(quantized, monkeypatch: pytest.Mon
         steps += [model.logits(model.forward(ids[p:p + 1], p, cache)) for p in (5, 6)]
         return torch.cat(steps)
 
-    handed = {"norm": [], "fused norm": [], "paired": [], "mlp block": []}
+    handed = {"norm": [], "fused norm": [], "skinny": [], "mlp block": []}
 
     def spy(name: str, producer):
         def call(*args):
             out = producer(*args)
-            # a producer's last output is the operand; the one launches' whole outputs their own
-            handed[name].append(out is not None and (name in ("paired", "mlp block")
-                                                     or out[-1] is not None))
+            # a producer's last output is the operand; the MLP block's whole output is its own
+            handed[name].append(out is not None and (name == "mlp block" or out[-1] is not None))
             return out
         return call
 
     for name, producer in (("norm", "gated_rms_norm_with_operand"),
-                           ("fused norm", "gdn_decode_norm"), ("paired", "paired_linear"),
+                           ("fused norm", "gdn_decode_norm"), ("skinny", "linear_with_operand"),
                            ("mlp block", "mlp_decode")):
         monkeypatch.setattr(layers, producer, spy(name, getattr(layers, producer)))
     triton = run("triton")
     # the prompt's 5 rows take the norm kernel, the one-token steps the GDN decode's own
     assert set(handed["norm"]) == set(handed["fused norm"]) == {gdn_operand}
-    assert True in handed["paired"]  # GDN's in_proj_ba and in_proj_qkvz in one launch
+    assert True in handed["skinny"]
     # the dense MLP's gate|up hands down its operand inside one launch (the MoE has none)
     assert (True in handed["mlp block"]) == (kind == "dense")
     monkeypatch.setattr(layers, "decode_operand_spec", lambda *args: None)
     monkeypatch.setattr(layers, "gate_up_operand_spec", lambda *args: None)
     monkeypatch.setattr(quant_linear, "MLP_BLOCK", False)
+    handed["skinny"].clear()
     handed["mlp block"].clear()
     own = run("triton")
-    assert not any(handed["mlp block"])
+    assert not any(handed["skinny"]) and not any(handed["mlp block"])
     if device == "cuda":
         assert torch.equal(own, triton)
     else:  # the interpreter's fp32 dots are numpy's BLAS, whose sums can depend on a column's

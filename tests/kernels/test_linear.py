@@ -19,12 +19,11 @@ import torch.nn.functional as F
 
 from ninfer_runtime.models.layers import gated_norm, mlp
 from ninfer_runtime.models.weights import MLPWeights
-from ninfer_runtime.ops import paired_decode, quant_linear, skinny_linear
+from ninfer_runtime.ops import quant_linear
 from ninfer_runtime.ops.activation import silu_and_mul
 from ninfer_runtime.ops.linear import (
     linear,
     mlp_decode,
-    paired_linear,
     select,
     silu_mul_linear,
     swiglu_with_operand,
@@ -572,32 +571,6 @@ def test_the_mlp_block_keeps_the_two_launches_bits(scheme: str, inter: int, m: i
                       down) is None
     monkeypatch.setattr(quant_linear, "MLP_BLOCK", False)
     assert mlp_decode(x, gate_up, down) is None
-
-
-@pytest.mark.parametrize(("scheme", "m", "k", "splits"), [("nvfp4", 1, 512, 2),
-                                                       ("nvfp4", 3, 256, 1),
-                                                       ("groupwise-int", 2, 768, 3)])
-def test_the_paired_launch_keeps_each_gemvs_bits(scheme: str, m: int, k: int, splits: int,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """`paired_linear`: a small plain weight's GEMV beside a packed one's, one launch, gives
-    the packed GEMV's bits (its items over `splits` K parts, row tile fastest) and the skinny
-    GEMV's with K in one part, and leaves every counter at zero. A GDN layer's in_proj takes
-    it; more rows than a decode step, or NINFER_PAIRED=0, get None."""
-    big_w = packed(scheme, 80, k)  # two row tiles of the interpreter's 64, one partial
-    small_w = rand(24, k, dtype=HALF) / 8  # two of the skinny kernel's 16, one partial
-    x = rand(m, k, dtype=HALF)
-    small, big = paired_linear(x, small_w, big_w)
-    assert torch.equal(big, linear(x, big_w))
-    assert quant_linear.chosen_decode_plan(big_w, x).splits == splits
-    monkeypatch.setattr(skinny_linear, "k_split", lambda n, k, device: (k, 1))
-    assert torch.equal(small, skinny_linear.skinny_linear(x, small_w))
-    torch.testing.assert_close(small.double(), x.double() @ small_w.double().T, rtol=TOL[HALF],
-                               atol=TOL[HALF] * 4)
-    assert not quant_linear.tile_counters(x.device, 1).any()
-    assert paired_linear(rand(quant_linear.SKINNY_MAX_M + 1, k, dtype=HALF), small_w,
-                         big_w) is None
-    monkeypatch.setattr(paired_decode, "PAIRED", False)
-    assert paired_linear(x, small_w, big_w) is None
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

@@ -39,7 +39,6 @@ from ninfer_runtime.ops.linear import (
     linear,
     linear_with_operand,
     mlp_decode,
-    paired_linear,
     silu_mul_linear,
     swiglu_with_operand,
 )
@@ -86,8 +85,15 @@ def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: Step
     chunked path; both continue from and replace the slots' state (or, for verify segments,
     leave the state after each token in its snapshot slot)."""
     n, nv, dv = x.shape[0], cfg.linear_num_value_heads, cfg.linear_value_head_dim
-    b, a, qkvz = _in_projections(x, w, n, nv)
-    mixed, z = qkvz.split([cfg.conv_dim, cfg.linear_value_dim], dim=-1)
+    # in_proj_ba first: its kernel can write x's operand for in_proj_qkvz's decode GEMV
+    spec = decode_operand_spec(x, w.in_proj_qkvz)
+    if ablated("skinny", x):
+        ba, operand = zeros("ba", (n, 2 * nv), x.dtype, x.device), _ablated_operand(x, spec)
+    else:
+        ba, operand = linear_with_operand(x, w.in_proj_ba, spec)
+    b, a = ba.chunk(2, dim=-1)
+    mixed, z = linear(x, w.in_proj_qkvz, operand).split([cfg.conv_dim, cfg.linear_value_dim],
+                                                        dim=-1)
     r, seqs = batch.recurrent_tokens, batch.recurrent_seqs
     # conv, gating and the recurrent update fused in one pass
     recurrent = (mixed[:r], a[:r], b[:r], w.conv1d, w.A_log, w.dt_bias, state.conv,
@@ -109,24 +115,6 @@ def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: Step
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         out, operand = gated_norm(out, heads_z, w.norm, cfg.rms_norm_eps, w.out_proj)
     return linear(out.reshape(n, nv * dv), w.out_proj, operand)
-
-
-def _in_projections(x: torch.Tensor, w: GDNWeights, n: int, nv: int
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(b, a, in_proj_qkvz's output) of the GDN layer's input x: at decode both projections
-    in one launch where they can (`paired_linear`), else in_proj_ba first, whose kernel can
-    write x's operand for in_proj_qkvz's decode GEMV."""
-    paired = None if ablated("skinny", x) else paired_linear(x, w.in_proj_ba, w.in_proj_qkvz)
-    if paired is not None:
-        ba, qkvz = paired
-    else:
-        spec = decode_operand_spec(x, w.in_proj_qkvz)
-        if ablated("skinny", x):
-            ba, operand = zeros("ba", (n, 2 * nv), x.dtype, x.device), _ablated_operand(x, spec)
-        else:
-            ba, operand = linear_with_operand(x, w.in_proj_ba, spec)
-        qkvz = linear(x, w.in_proj_qkvz, operand)
-    return (*ba.chunk(2, dim=-1), qkvz)
 
 
 def _chunked_gdn(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, w: GDNWeights,

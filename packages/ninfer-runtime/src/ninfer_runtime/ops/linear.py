@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ninfer_runtime.ops import paired_decode, quant_linear, skinny_linear
+from ninfer_runtime.ops import quant_linear, skinny_linear
 from ninfer_runtime.ops.activation import silu_and_mul
 from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.quant import PackedWeight
@@ -71,20 +71,6 @@ def linear_with_operand(x: torch.Tensor, w: Weight, spec: tuple[int, bool] | Non
     operand = quant_linear.DecodeOperand.empty(*rows.shape, *spec, x.device)
     out = skinny_linear.skinny_linear(rows, w, operand)
     return out.view(*x.shape[:-1], w.shape[0]), operand
-
-
-def paired_linear(x: torch.Tensor, small: Weight, packed: Weight
-                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(linear(x, small), linear(x, packed)) from one launch (`paired_decode`) where x is a
-    decode step's rows, `small` a plain weight the skinny GEMV takes and `packed` one the
-    decode GEMV takes; else None (the caller runs them one after the other)."""
-    rows = x.reshape(-1, x.shape[-1])
-    if not (isinstance(small, torch.Tensor) and paired_decode.applies(rows, small)
-            and _packed_kernels(x, packed)):
-        return None
-    small_out, packed_out = paired_decode.paired_decode(rows, small, packed)
-    return (small_out.view(*x.shape[:-1], small.shape[0]),
-            packed_out.view(*x.shape[:-1], packed.shape[0]))
 
 
 def swiglu_with_operand(x: torch.Tensor, w: Weight, spec: tuple[int, bool] | None

@@ -1070,10 +1070,15 @@ if triton is not None:
         return tl.trans(acc)
 
     @triton.jit
-    def split_item(tile, split, M, N, K, split_len, BM: tl.constexpr, BN: tl.constexpr):
-        """The work item (row tile, K split) of a skinny product out [M, N] = x [M, K] @ w^T:
+    def split_program(M, N, K, split_len, BM: tl.constexpr, BN: tl.constexpr):
+        """A (row tile, K split) program of a skinny product out [M, N] = x [M, K] @ w^T:
         (tile, split, its BN weight rows and which exist, its BM activation rows and which
         exist, its inputs [k_lo, k_hi))."""
+        return split_item(tl.program_id(0), tl.program_id(1), M, N, K, split_len, BM, BN)
+
+    @triton.jit
+    def split_item(tile, split, M, N, K, split_len, BM: tl.constexpr, BN: tl.constexpr):
+        """`split_program` of the work item (row tile, K split)."""
         rows = tile * BN + tl.arange(0, BN)
         ms = tl.arange(0, BM)
         k_lo = split * split_len

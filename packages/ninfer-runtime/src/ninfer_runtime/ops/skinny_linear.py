@@ -125,7 +125,7 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor,
 if triton is not None:
     from ninfer_runtime.ops.launch import wait_for_inputs
     from ninfer_runtime.ops.quant_decode import store_operand
-    from ninfer_runtime.ops.quant_linear import split_item, sum_parts
+    from ninfer_runtime.ops.quant_linear import split_program, sum_parts
 
     # K parts the last program of a row tile loads at once (`quant_linear.sum_parts`): a part
     # is [BM, BN] = at most 16 x 16 fp32, 2 registers a thread, so the 27B in_proj_ba's 40
@@ -166,23 +166,14 @@ if triton is not None:
     def skinny_part(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, M, N, K, stride_x, stride_w,
                     split_len, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     GDC: tl.constexpr):
-        """`skinny_item` of this program: rows of tile pid 0 over K split pid 1 of
-        num_programs(1)."""
-        return skinny_item(tl.program_id(0), tl.program_id(1), tl.num_programs(1), x_ptr,
-                           w_ptr, part_ptr, counter_ptr, out_ptr, M, N, K, stride_x, stride_w,
-                           split_len, BM, BN, BK, GDC)
-
-    @triton.jit
-    def skinny_item(tile, part, parts, x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, M, N, K,
-                    stride_x, stride_w, split_len, BM: tl.constexpr, BN: tl.constexpr,
-                    BK: tl.constexpr, GDC: tl.constexpr):
-        """Part `part` of `parts` of out's row tile `tile` (its rows over K split `part`);
-        whether it stored the tile's finished rows (the last part to arrive). The first K
-        tile of the weight (which no kernel of a step writes; most programs have only one) is
-        loaded before the wait for the inputs, so that its DRAM latency passes while the
-        predecessor still runs: 0.3-0.5 us a call on the H200 (docs/perf.md, tenth run)."""
-        tile, part, rows, row_ok, ms, m_ok, k_lo, k_hi = split_item(tile, part, M, N, K,
-                                                                    split_len, BM, BN)
+        """This program's part of out: rows of tile pid 0 over K split pid 1 of
+        num_programs(1); whether it stored its tile's finished rows (the last part to arrive).
+        The first K tile of the weight (which no kernel of a step writes; most programs have
+        only one) is loaded before the wait for the inputs, so that its DRAM latency passes
+        while the predecessor still runs: 0.3-0.5 us a call on the H200 (docs/perf.md, tenth
+        run)."""
+        tile, part, rows, row_ok, ms, m_ok, k_lo, k_hi = split_program(M, N, K, split_len, BM,
+                                                                       BN)
         w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
         w = _weight_tile(w_rows, row_ok, k_lo, k_hi, BK)
         wait_for_inputs(GDC)
@@ -193,8 +184,8 @@ if triton is not None:
                          _input_tile(x_ptr, stride_x, ms, m_ok, k0, k_hi, BK), acc)
         mask = m_ok[:, None] & row_ok[None, :]
         offs = ms.to(tl.int64)[:, None] * N + rows[None, :]
-        last, total = sum_parts(tl.trans(acc), part, parts, part_ptr, offs, M * N, mask,
-                                counter_ptr + tile, _PARTS_IN_FLIGHT)
+        last, total = sum_parts(tl.trans(acc), part, tl.num_programs(1), part_ptr, offs, M * N,
+                                mask, counter_ptr + tile, _PARTS_IN_FLIGHT)
         if last:
             tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
         return last
