@@ -109,6 +109,19 @@ def test_decode_batch(int8: bool, page: int, dtype: torch.dtype, splits: int | N
     assert_matches_reference(step, num_splits=splits, min_split_tokens=16)
 
 
+@pytest.mark.parametrize("at_once", [2, 16])
+def test_the_merge_takes_many_splits_in_rounds(at_once: int,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 splits of at least 16 keys: contexts of 1 to 250 tokens work 1 to 16 of them (the
+    rest store lse -inf, their outputs unread); the merge takes them 2 a round (its running
+    max rescales the rounds before) or all in one, and gives the reference either way."""
+    monkeypatch.setattr(attention, "MERGE_SPLITS_AT_ONCE", at_once)
+    step = paged_step([1, 1, 1, 1], [1, 17, 100, 250], nq=12, nkv=2, d=32, page=16, int8=True,
+                      dtype=DTYPES[0])
+    gate = rand(4, 12, 32, seed=7, dtype=DTYPES[0])
+    assert_matches_reference({**step, "gate": gate}, num_splits=16, min_split_tokens=16)
+
+
 @pytest.mark.parametrize("int8", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("splits", [None, 2])

@@ -72,6 +72,9 @@ MAX_SPLITS = int(os.environ.get("NINFER_ATTN_MAX_SPLITS", "64"))
 MIN_SPLIT_TOKENS = int(os.environ.get("NINFER_ATTN_MIN_SPLIT", "128"))
 WAVES = 2  # programs to aim for, per multiprocessor, before splitting stops
 MERGE_PARTIALS = 32  # partial outputs (heads x splits) one merge program combines, at most
+# splits a merge program loads in one round (64 x 256 values a head: 99 registers at 8 warps,
+# sm_90; more split counts, as NINFER_ATTN_MAX_SPLITS may set, take more rounds)
+MERGE_SPLITS_AT_ONCE = 64
 # INT8 KV dequantized by inline PTX in fp16 (kv_quant.INT8_WORD_PTX), four codes an
 # instruction, the dots then in fp16. The fp32 path converts every code with I2F and rounds
 # pairs to bf16 with F2FP, conversions that Hopper issues at a fraction of the FP32 rate
@@ -749,28 +752,45 @@ if triton is not None:
     @triton.jit
     def _merge_splits_kernel(part_out, part_lse, out, stride_ot, stride_oh, gate, stride_gt,
                              stride_gh, xo_ptr, inv_ptr, xsum_ptr, num_tokens, num_heads,
-                             NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                             HEADS: tl.constexpr, HAS_GATE: tl.constexpr,
+                             NUM_SPLITS: tl.constexpr, AT_ONCE: tl.constexpr,
+                             HEAD_DIM: tl.constexpr, HEADS: tl.constexpr,
+                             HAS_GATE: tl.constexpr,
                              OPERAND: tl.constexpr, GROUP: tl.constexpr, HAS_SUM: tl.constexpr,
                              GDC: tl.constexpr):
         """Program (token, HEADS heads): the splits' outputs weighted by their share of the
-        softmax. A split that saw no key stored a zero output and lse -inf, so the outputs
-        load with the lse, not after it. With OPERAND (HEADS 1), also the head's HEAD_DIM /
-        GROUP groups of the decode operand of the output read as [tokens, heads * HEAD_DIM]
-        (`store_operand`, of the rounded output as stored)."""
+        softmax, AT_ONCE splits a round (the running max rescales the rounds before; with
+        one round, the bits of a plain weighted sum). A split that saw no key stored a zero
+        output and lse -inf: its output is not loaded (a grid with more splits than the
+        context fills, at 8K under a long-context split count, reads only the splits that
+        worked). With OPERAND (HEADS 1), also the head's HEAD_DIM / GROUP groups of the
+        decode operand of the output read as [tokens, heads * HEAD_DIM] (`store_operand`, of
+        the rounded output as stored)."""
         tl.static_assert(HEADS == 1 or not OPERAND, "the operand is written a head at a time")
         wait_for_inputs(GDC)
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
         h_ok = h < num_heads
-        part = (t * num_heads + h)[:, None] * NUM_SPLITS + tl.arange(0, NUM_SPLITS)[None, :]
         d = tl.arange(0, HEAD_DIM)
-        lse = tl.load(part_lse + part, mask=h_ok[:, None], other=0.0)
-        o = tl.load(part_out + part[:, :, None] * HEAD_DIM + d[None, None, :],
-                    mask=h_ok[:, None, None], other=0.0)
-        # every row sees its own position's key in some split, so the max is finite
-        w = tl.exp2(lse - tl.max(lse, 1)[:, None])
-        o = tl.sum(o * w[:, :, None], 1) / tl.sum(w, 1)[:, None]
+        m = tl.full([HEADS], float("-inf"), tl.float32)
+        total = tl.zeros([HEADS], tl.float32)
+        o = tl.zeros([HEADS, HEAD_DIM], tl.float32)
+        # a row's first visible key is at most a block's tokens past split 0's first key, so
+        # in the first round's splits: the running max is finite from that round on (missing
+        # heads read lse 0)
+        for first in tl.static_range(0, NUM_SPLITS, AT_ONCE):
+            part = ((t * num_heads + h)[:, None] * NUM_SPLITS + first
+                    + tl.arange(0, AT_ONCE)[None, :])
+            lse = tl.load(part_lse + part, mask=h_ok[:, None], other=0.0)
+            worked = h_ok[:, None] & (lse > float("-inf"))
+            parts = tl.load(part_out + part[:, :, None] * HEAD_DIM + d[None, None, :],
+                            mask=worked[:, :, None], other=0.0)
+            m_new = tl.maximum(m, tl.max(lse, 1))
+            w = tl.exp2(lse - m_new[:, None])
+            alpha = tl.exp2(m - m_new)
+            total = total * alpha + tl.sum(w, 1)
+            o = o * alpha[:, None] + tl.sum(parts * w[:, :, None], 1)
+            m = m_new
+        o = o / total[:, None]
         if HAS_GATE:
             g = tl.load(gate + t * stride_gt + h[:, None] * stride_gh + d[None, :],
                         mask=h_ok[:, None], other=0.0)
@@ -979,12 +999,13 @@ def _paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     operand = None if operand_spec is None else DecodeOperand.empty(n, nq * d, *operand_spec,
                                                                     q.device)
     heads = 1 if operand is not None else _merge_heads(plan.num_splits, nq)
+    at_once = min(plan.num_splits, MERGE_SPLITS_AT_ONCE)
     _merge_splits_kernel[(n, triton.cdiv(nq, heads))](
         part_out, part_lse, out, out.stride(0), out.stride(1), g, g.stride(0), g.stride(1),
-        *operand_buffers(operand, out), n, nq, NUM_SPLITS=plan.num_splits, HEAD_DIM=d,
-        HEADS=heads, HAS_GATE=gate is not None,
+        *operand_buffers(operand, out), n, nq, NUM_SPLITS=plan.num_splits, AT_ONCE=at_once,
+        HEAD_DIM=d, HEADS=heads, HAS_GATE=gate is not None,
         OPERAND=operand is not None, GROUP=operand.group if operand else d,
         HAS_SUM=operand is not None and operand.sums,
-        num_warps=_merge_warps(heads * plan.num_splits * d), **options(q.device),
+        num_warps=_merge_warps(heads * at_once * d), **options(q.device),
     )
     return out, operand
