@@ -273,7 +273,7 @@ def attention_variants(tmp: Path) -> None:
         for cfg in attention._prune_configs(attention._configs(), {}, BLOCK_M=block_m):
             kw = cfg.kwargs
             k = attention_kernel(block_m, heads, splits, cfg)
-            prefetch = " prefetch" if kw["PREFETCH"] else ""
+            prefetch = {0: "", 1: " prefetch", 2: " prefetch 2"}[kw["PREFETCH"]]
             report(f"attention {label} BM={block_m} BN={kw['BLOCK_N']} w={cfg.num_warps} "
                    f"s={cfg.num_stages}{prefetch}", k,
                    2 * kw["BLOCK_N"] * 256 // (32 * cfg.num_warps), tmp)

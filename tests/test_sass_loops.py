@@ -36,7 +36,7 @@ _CHILD = textwrap.dedent("""
             found = sr.loops(sr.sass(kernel.asm["cubin"], Path(tmp))[0])
         return [[loop.instructions, dict(loop.opcodes)] for loop in found]
 
-    attn = triton.Config({"BLOCK_N": 64, "PREFETCH": False}, num_warps=8, num_stages=2)
+    attn = triton.Config({"BLOCK_N": 64, "PREFETCH": 0}, num_warps=8, num_stages=2)
     gemm = triton.Config({"BM": 128, "BN": 128, "BK": 128, "GROUP_M": 8}, num_warps=8,
                          num_stages=3)
     out = {"attention": loops(sr.attention_kernel(128, 8, 1, attn))}

@@ -208,7 +208,7 @@ def test_tuned_choices_name_each_plan_and_config(monkeypatch: pytest.MonkeyPatch
         (1, 8, 512, 2048, 0, True, torch.bfloat16, cuda): moe._StagePlan(config, 2)})
     monkeypatch.setattr(attention._paged_attention_kernel, "cache", {
         (16, 6, 256, True, 64, True, False, True, 128, "torch.bfloat16"):
-            triton.Config({"BLOCK_N": 32, "PREFETCH": True}, num_warps=8, num_stages=1)})
+            triton.Config({"BLOCK_N": 32, "PREFETCH": 1}, num_warps=8, num_stages=1)})
     lines = tuned_choices()
     assert lines[0] == ("decode GEMV 5120 x 17408, 8-row tile: BN 128 BK 256, 4 warps, "
                         "3 stages, 2 dots, 17 splits")
@@ -220,7 +220,7 @@ def test_tuned_choices_name_each_plan_and_config(monkeypatch: pytest.MonkeyPatch
     assert lines[4].startswith("paged attention BLOCK_M 16, GROUP_HEADS 6, HEAD_DIM 256, "
                                "QUANT True, NUM_SPLITS 64, CAUSAL True, HAS_WINDOW False, "
                                "ASM True, min_split_tokens 128: ")
-    assert "PREFETCH: True" in lines[4] and len(lines) == 5
+    assert "PREFETCH: 1" in lines[4] and len(lines) == 5
 
 
 def test_the_kernel_breakdown_counts_each_kernels_launches() -> None:

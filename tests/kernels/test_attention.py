@@ -44,12 +44,12 @@ def first_config_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernel, "configs", kernel.configs[:1])
 
 
-def prefetching(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run the kernel's one config with the next K/V tile loaded ahead (PREFETCH)."""
+def prefetching(monkeypatch: pytest.MonkeyPatch, tiles: int) -> None:
+    """Run the kernel's one config with K/V tiles loaded `tiles` ahead (PREFETCH)."""
     kernel = attention._paged_attention_kernel
     base = kernel.configs[0]
     monkeypatch.setattr(kernel, "configs", [triton.Config(
-        {**base.kwargs, "PREFETCH": True}, num_warps=base.num_warps,
+        {**base.kwargs, "PREFETCH": tiles}, num_warps=base.num_warps,
         num_stages=base.num_stages)])
 
 
@@ -92,18 +92,18 @@ def assert_matches_reference(step: dict, *, causal: bool = True, window: int | N
     torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
 @pytest.mark.parametrize("int8,page", [(True, 16), (False, 16), (True, 64)])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("splits", [None, 4])
 def test_decode_batch(int8: bool, page: int, dtype: torch.dtype, splits: int | None,
-                      prefetch: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+                      prefetch: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """One query token per sequence (6 q heads per kv head), contexts from 1 token to several
     pages; split over 4 programs per sequence with 16-token splits, or as planned; each K/V
-    tile loaded when used, or the next one while this one computes (PREFETCH: the last
-    iteration's look-ahead reads nothing)."""
+    tile loaded when used, or one or two tiles ahead while this one computes (PREFETCH: the
+    last iterations' look-ahead reads nothing)."""
     if prefetch:
-        prefetching(monkeypatch)
+        prefetching(monkeypatch, prefetch)
     step = paged_step([1, 1, 1, 1], [1, 17, 64, 100], nq=12, nkv=2, d=32, page=page,
                       int8=int8, dtype=dtype)
     assert_matches_reference(step, num_splits=splits, min_split_tokens=16)

@@ -469,15 +469,17 @@ def launch_plan(num_tokens: int, num_seqs: int, group: int, nkv: int, num_sms: i
 # decode. In the sm_90 SASS (BLOCK_N 32, 8 warps) prefetching also changes how the tiles
 # reach the MMA (ldmatrix instead of shared-memory loads per element): 565 instead of 711
 # loop instructions, 146 registers instead of 141. At 4 warps it needs 242 registers, so the
-# prefetching candidates are the ones that stay near 150, and both kinds are timed.
-_TUNE_SPACE = ((32, 8, 3, False), (32, 4, 2, False), (32, 4, 3, False), (64, 8, 2, False),
-               (16, 8, 3, False), (32, 8, 1, True), (16, 4, 1, True), (16, 8, 1, True))
+# prefetching candidates are the ones that stay near 150, and both kinds are timed. PREFETCH 2
+# loads two tiles ahead: twice the K/V bytes in flight a program where a long context's walk
+# (4,096 keys a split at 256K) waits on them tile after tile; untimed.
+_TUNE_SPACE = ((32, 8, 3, 0), (32, 4, 2, 0), (32, 4, 3, 0), (64, 8, 2, 0), (16, 8, 3, 0),
+               (32, 8, 1, 1), (16, 4, 1, 1), (16, 8, 1, 1), (16, 4, 1, 2))
 
 
 def _configs() -> list[triton.Config]:
     """Autotuning candidates; the interpreter gets one (it is slow and has nothing to tune)."""
     if INTERPRET:
-        return [triton.Config({"BLOCK_N": 32, "PREFETCH": False}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BLOCK_N": 32, "PREFETCH": 0}, num_warps=4, num_stages=1)]
     return [triton.Config({"BLOCK_N": n, "PREFETCH": f}, num_warps=w, num_stages=s)
             for n, w, s, f in _TUNE_SPACE]
 
@@ -564,6 +566,19 @@ if triton is not None:
         return x, s
 
     @triton.jit
+    def _kv_tiles(page_row, start, kv_hi, k_cache, v_cache, k_scale, v_scale, head, num_heads,
+                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
+                  PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr):
+        """The K and V tiles of keys [start, start + BLOCK_N) as `_kv_load` gives them (k,
+        its scales, v, its scales)."""
+        slots, in_range = _kv_slots(page_row, start + tl.arange(0, BLOCK_N), kv_hi, PAGE_SIZE)
+        k, ks = _kv_load(k_cache, k_scale, slots, in_range, head, num_heads, BLOCK_N, HEAD_DIM,
+                         GROUP, QUANT)
+        v, vs = _kv_load(v_cache, v_scale, slots, in_range, head, num_heads, BLOCK_N, HEAD_DIM,
+                         GROUP, QUANT)
+        return k, ks, v, vs
+
+    @triton.jit
     def _kv_values(x, s, OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr,
                    HEAD_DIM: tl.constexpr, QUANT: tl.constexpr, ASM: tl.constexpr):
         """A tile of `_kv_load` as [BLOCK_N, HEAD_DIM] OUT_DTYPE, dequantized in registers
@@ -575,23 +590,28 @@ if triton is not None:
     @triton.jit
     def _attend_tile(start, qt, m_i, l_i, acc, pos, kv_hi, window, page_row, k_cache, v_cache,
                      k_scale, v_scale, kv_head, num_kv_heads, qk_scale, k_next, ks_next,
-                     v_next, vs_next, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, QUANT: tl.constexpr,
+                     v_next, vs_next, k_far, ks_far, v_far, vs_far, BLOCK_N: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                     QUANT: tl.constexpr,
                      CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, MASKED: tl.constexpr,
                      DOT_PRECISION: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr):
         """Keys [start, start + BLOCK_N) into the online softmax (m_i, l_i, acc) of the rows
         at positions `pos`. Without MASKED every row sees every key of the tile (the caller
         knows), so no score is masked. With PREFETCH the tile is k_next .. vs_next, and the
-        next one is loaded into them."""
+        one PREFETCH tiles ahead is loaded (into k_next .. at 1; at 2 into k_far .., whose
+        tile moves to k_next)."""
         n = start + tl.arange(0, BLOCK_N)
         if PREFETCH:
             kx, ks, vx, vs = k_next, ks_next, v_next, vs_next
             in_range = n < kv_hi
-            slots, ahead = _kv_slots(page_row, n + BLOCK_N, kv_hi, PAGE_SIZE)
-            k_next, ks_next = _kv_load(k_cache, k_scale, slots, ahead, kv_head,
-                                       num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, QUANT)
-            v_next, vs_next = _kv_load(v_cache, v_scale, slots, ahead, kv_head,
-                                       num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, QUANT)
+            ahead = _kv_tiles(page_row, start + PREFETCH * BLOCK_N, kv_hi, k_cache, v_cache,
+                              k_scale, v_scale, kv_head, num_kv_heads, BLOCK_N, HEAD_DIM,
+                              GROUP, PAGE_SIZE, QUANT)
+            if PREFETCH == 2:
+                k_next, ks_next, v_next, vs_next = k_far, ks_far, v_far, vs_far
+                k_far, ks_far, v_far, vs_far = ahead
+            else:
+                k_next, ks_next, v_next, vs_next = ahead
         else:
             slots, in_range = _kv_slots(page_row, n, kv_hi, PAGE_SIZE, MASKED)
             kx, ks = _kv_load(k_cache, k_scale, slots, in_range, kv_head, num_kv_heads,
@@ -622,7 +642,7 @@ if triton is not None:
         vt = _kv_values(vx, vs, qt.dtype, BLOCK_N, HEAD_DIM, QUANT, ASM)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=DOT_PRECISION)
-        return m_new, l_i, acc, k_next, ks_next, v_next, vs_next
+        return m_new, l_i, acc, k_next, ks_next, v_next, vs_next, k_far, ks_far, v_far, vs_far
 
     # the split floor is in the key: it sets the keys a program walks, and with them the
     # programs an SM should hold (which the configs' warps and registers decide)
@@ -700,21 +720,24 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        k_next, ks_next, v_next, vs_next = 0.0, 0.0, 0.0, 0.0  # PREFETCH: the next tile
-        if PREFETCH:  # the first tile; each iteration then loads the next before computing
-            slots, in_range = _kv_slots(page_row, kv_lo + tl.arange(0, BLOCK_N), kv_hi,
-                                        PAGE_SIZE)
-            k_next, ks_next = _kv_load(k_cache, k_scale, slots, in_range, kv_head,
-                                       num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, QUANT)
-            v_next, vs_next = _kv_load(v_cache, v_scale, slots, in_range, kv_head,
-                                       num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, QUANT)
+        # PREFETCH: the next tile, and at 2 the one after it (else placeholders)
+        k_next, ks_next, v_next, vs_next = 0.0, 0.0, 0.0, 0.0
+        k_far, ks_far, v_far, vs_far = 0.0, 0.0, 0.0, 0.0
+        if PREFETCH:  # the first tiles; each iteration then loads one more before computing
+            k_next, ks_next, v_next, vs_next = _kv_tiles(
+                page_row, kv_lo, kv_hi, k_cache, v_cache, k_scale, v_scale, kv_head,
+                num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, PAGE_SIZE, QUANT)
+        if PREFETCH == 2:
+            k_far, ks_far, v_far, vs_far = _kv_tiles(
+                page_row, kv_lo + BLOCK_N, kv_hi, k_cache, v_cache, k_scale, v_scale, kv_head,
+                num_kv_heads, BLOCK_N, HEAD_DIM, GROUP, PAGE_SIZE, QUANT)
         # Whole tiles every row sees (below the block's first position, before kv_hi) need no
         # mask: walked first, without one (sm_90 SASS, INT8 prompt tile: 931 instructions a
         # thread an iteration against 1,198 masked); the rest (the diagonal, a partial last
         # tile, any windowed tile) with it. The same sums in the same order either way.
         # Prefetching decode tiles keep one loop: carried from one loop into the next, their
         # tiles cost more registers and permutes than the mask saves.
-        ONE_LOOP: tl.constexpr = HAS_WINDOW or PREFETCH
+        ONE_LOOP: tl.constexpr = HAS_WINDOW or PREFETCH > 0
         full_hi = kv_lo
         if not ONE_LOOP:
             seen_by_all = kv_hi
@@ -725,11 +748,12 @@ if triton is not None:
             lo = full_hi if masked else kv_lo
             hi = kv_hi if masked else full_hi
             for start in range(lo, hi, BLOCK_N):
-                m_i, l_i, acc, k_next, ks_next, v_next, vs_next = _attend_tile(
+                (m_i, l_i, acc, k_next, ks_next, v_next, vs_next, k_far, ks_far, v_far,
+                 vs_far) = _attend_tile(
                     start, qt, m_i, l_i, acc, pos, kv_hi, window, page_row, k_cache, v_cache,
                     k_scale, v_scale, kv_head, num_kv_heads, qk_scale, k_next, ks_next, v_next,
-                    vs_next, BLOCK_N, HEAD_DIM, GROUP, PAGE_SIZE, QUANT, CAUSAL, HAS_WINDOW,
-                    masked == 1, DOT_PRECISION, ASM, PREFETCH)
+                    vs_next, k_far, ks_far, v_far, vs_far, BLOCK_N, HEAD_DIM, GROUP, PAGE_SIZE,
+                    QUANT, CAUSAL, HAS_WINDOW, masked == 1, DOT_PRECISION, ASM, PREFETCH)
 
         if NUM_SPLITS == 1:
             o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows may see no key
