@@ -113,9 +113,17 @@ def test_decode_batch(int8: bool, page: int, dtype: torch.dtype, splits: int | N
 def test_the_merge_takes_many_splits_in_rounds(at_once: int,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """16 splits of at least 16 keys: contexts of 1 to 250 tokens work 1 to 16 of them (the
-    rest store lse -inf, their outputs unread); the merge takes them 2 a round (its running
-    max rescales the rounds before) or all in one, and gives the reference either way."""
+    rest store lse -inf and no output, which the merge does not read: the buffers start as
+    NaN here); the merge takes them 2 a round (its running max rescales the rounds before)
+    or all in one, and gives the reference either way."""
     monkeypatch.setattr(attention, "MERGE_SPLITS_AT_ONCE", at_once)
+    empty = torch.empty
+
+    def nan_filled(*shape, dtype=None, **kwargs):  # the partials' buffers
+        out = empty(*shape, dtype=dtype, **kwargs)
+        return out.fill_(float("nan")) if dtype == torch.float32 else out
+
+    monkeypatch.setattr(attention.torch, "empty", nan_filled)
     step = paged_step([1, 1, 1, 1], [1, 17, 100, 250], nq=12, nkv=2, d=32, page=16, int8=True,
                       dtype=DTYPES[0])
     gate = rand(4, 12, 32, seed=7, dtype=DTYPES[0])

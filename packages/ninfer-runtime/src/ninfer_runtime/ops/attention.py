@@ -765,13 +765,16 @@ if triton is not None:
                      o.to(out.dtype.element_ty), mask=valid[:, None])
         else:
             # partials [N, nq, NUM_SPLITS, (HEAD_DIM)]: the split's normalized output and its
-            # log2-sum-exp2 (-inf for a split that saw nothing)
+            # log2-sum-exp2, -inf for a row that saw no key here, whose output the merge does
+            # not read and which is not stored (a split past a short context stores 4 bytes a
+            # row, not HEAD_DIM x 4)
             part = (tok * (num_kv_heads * GROUP_HEADS) + head) * NUM_SPLITS + split
             seen_any = l_i > 0
             lse = tl.where(seen_any, m_i + tl.log2(tl.where(seen_any, l_i, 1.0)), float("-inf"))
             o = acc / tl.where(seen_any, l_i, 1.0)[:, None]
             tl.store(part_lse + part, lse, mask=valid)
-            tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=valid[:, None])
+            tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o,
+                     mask=(valid & seen_any)[:, None])
 
     @triton.jit
     def _merge_splits_kernel(part_out, part_lse, out, stride_ot, stride_oh, gate, stride_gt,
@@ -783,12 +786,12 @@ if triton is not None:
                              GDC: tl.constexpr):
         """Program (token, HEADS heads): the splits' outputs weighted by their share of the
         softmax, AT_ONCE splits a round (the running max rescales the rounds before; with
-        one round, the bits of a plain weighted sum). A split that saw no key stored a zero
-        output and lse -inf: its output is not loaded (a grid with more splits than the
-        context fills, at 8K under a long-context split count, reads only the splits that
-        worked). With OPERAND (HEADS 1), also the head's HEAD_DIM / GROUP groups of the
-        decode operand of the output read as [tokens, heads * HEAD_DIM] (`store_operand`, of
-        the rounded output as stored)."""
+        one round, the bits of a plain weighted sum). A split that saw no key of a row
+        stored lse -inf and no output for it: its output is not loaded (a grid with more
+        splits than the context fills, at 8K under a long-context split count, reads only
+        the splits that worked). With OPERAND (HEADS 1), also the head's HEAD_DIM / GROUP
+        groups of the decode operand of the output read as [tokens, heads * HEAD_DIM]
+        (`store_operand`, of the rounded output as stored)."""
         tl.static_assert(HEADS == 1 or not OPERAND, "the operand is written a head at a time")
         wait_for_inputs(GDC)
         t = tl.program_id(0).to(tl.int64)
