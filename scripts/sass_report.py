@@ -230,7 +230,7 @@ def moe_variants(tmp: Path, block_m: int = 64) -> None:
 # (label, BLOCK_M, GROUP_HEADS, NUM_SPLITS): a 35B prompt tile (8 q heads a kv head), the 27B's
 # (6, padded to 8 rows a token) and their decode tiles at 8K context
 ATTENTION_TILES = (("prompt 35B", 128, 8, 1), ("prompt 27B", 128, 6, 1),
-                   ("decode 35B", 16, 8, 64), ("decode 27B", 16, 6, 64))
+                   ("decode 35B", 8, 8, 64), ("decode 27B", 8, 6, 64))
 
 
 def attention_kernel(block_m: int, heads: int, splits: int, cfg):

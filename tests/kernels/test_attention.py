@@ -204,10 +204,12 @@ def test_plan_gives_every_sequence_its_query_blocks() -> None:
         plan = launch_plan(sum(lens), len(lens), 6, 4, 1)
         cu = [0, *accumulate(lens)]
         starts = [(cu[b] - b) // plan.block_q + b for b in range(len(lens))] + [plan.num_blocks]
-        assert plan.block_m >= 16 and plan.block_q * 6 <= plan.block_m
+        assert plan.block_m >= attention.DECODE_BLOCK_M and plan.block_q * 6 <= plan.block_m
         assert all(starts[b + 1] - starts[b] >= -(-n // plan.block_q)
                    for b, n in enumerate(lens))
-    assert launch_plan(8, 8, 6, 4, 1).num_blocks == 8
+    decode = launch_plan(8, 8, 6, 4, 1)
+    assert decode.num_blocks == 8 and decode.block_m == 8 and decode.block_q == 1
+    assert launch_plan(8, 8, 12, 4, 1).block_m == 16  # 12 q heads a kv head: 16 rows
     assert launch_plan(8, 8, 6, 4, 1, num_splits=16).num_splits == 16
 
 

@@ -59,7 +59,14 @@ except ImportError:  # the torch references need no Triton
     triton = None
 
 LOG2E = 1.4426950408889634
-DECODE_BLOCK_M = 16  # fewest rows tl.dot takes; decode packs one token's q heads into them
+# Rows of a decode tile: one token's q heads of a kv head (6 on the 27B, 8 on the 35B-A3B),
+# padded to a power of two. tl.dot pads fewer than 16 rows to the MMA's 16 itself (Triton 3.6
+# and later), and 8 rows halve what the tile holds and reloads of q every iteration: sm_90
+# SASS (Triton 3.6, the 27B's decode tile, BLOCK_N 16, 4 warps, prefetching) 470 loop
+# instructions and 128 registers (4 programs an SM) against 16 rows' 512 and 168 (3);
+# untimed. NINFER_ATTN_DECODE_ROWS=16 restores the 16-row tile for the A/B.
+DECODE_BLOCK_M = int(os.environ.get("NINFER_ATTN_DECODE_ROWS", "8"))
+PREFETCH_MAX_BLOCK_M = 16  # the tiles that take prefetching candidates: decode's
 PREFILL_BLOCK_M = 128  # rows (tokens x q heads of a kv head) per program for prompt chunks
 # Context splits per query block (a power of two), and the fewest keys a split takes (fewer
 # cost more in merging than they save). One sequence's decode has 64 splits a kv head; with a
@@ -490,7 +497,7 @@ def _prune_configs(configs: list[triton.Config], named_args: dict,
     only on decode tiles (prompt tiles are compute-bound and short of registers)."""
     block_m = kwargs["BLOCK_M"]
     kept = [c for c in configs if c.num_warps * 16 >= block_m
-            and not (c.kwargs["PREFETCH"] and block_m > DECODE_BLOCK_M)]
+            and not (c.kwargs["PREFETCH"] and block_m > PREFETCH_MAX_BLOCK_M)]
     return kept or configs
 
 
