@@ -66,6 +66,8 @@ LOG2E = 1.4426950408889634
 # instructions and 128 registers (4 programs an SM) against 16 rows' 512 and 168 (3);
 # untimed. NINFER_ATTN_DECODE_ROWS=16 restores the 16-row tile for the A/B.
 DECODE_BLOCK_M = int(os.environ.get("NINFER_ATTN_DECODE_ROWS", "8"))
+if DECODE_BLOCK_M < 1 or DECODE_BLOCK_M & (DECODE_BLOCK_M - 1):
+    raise ValueError(f"NINFER_ATTN_DECODE_ROWS={DECODE_BLOCK_M}: expected a power of two")
 PREFETCH_MAX_BLOCK_M = 16  # the tiles that take prefetching candidates: decode's
 PREFILL_BLOCK_M = 128  # rows (tokens x q heads of a kv head) per program for prompt chunks
 # Context splits per query block (a power of two), and the fewest keys a split takes (fewer
