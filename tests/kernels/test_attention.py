@@ -113,9 +113,9 @@ def test_decode_batch(int8: bool, page: int, dtype: torch.dtype, splits: int | N
 def test_the_merge_takes_many_splits_in_rounds(at_once: int,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """16 splits of at least 16 keys: contexts of 1 to 250 tokens work 1 to 16 of them (the
-    rest store lse -inf and no output, which the merge does not read: the buffers start as
-    NaN here); the merge takes them 2 a round (its running max rescales the rounds before)
-    or all in one, and gives the reference either way."""
+    rest store lse -inf and a zero output; the buffers start as NaN here, so every partial
+    the merge reads must have been stored); the merge takes them 2 a round (its running max
+    rescales the rounds before) or all in one, and gives the reference either way."""
     monkeypatch.setattr(attention, "MERGE_SPLITS_AT_ONCE", at_once)
     empty = torch.empty
 

@@ -68,15 +68,18 @@ LOG2E = 1.4426950408889634
 DECODE_BLOCK_M = int(os.environ.get("NINFER_ATTN_DECODE_ROWS", "8"))
 if DECODE_BLOCK_M < 1 or DECODE_BLOCK_M & (DECODE_BLOCK_M - 1):
     raise ValueError(f"NINFER_ATTN_DECODE_ROWS={DECODE_BLOCK_M}: expected a power of two")
-PREFETCH_MAX_BLOCK_M = 16  # the tiles that take prefetching candidates: decode's
+# tiles that take the prefetching candidates: decode rows and short verify segments (prompt
+# tiles are compute-bound and short of registers)
+PREFETCH_MAX_BLOCK_M = 16
 PREFILL_BLOCK_M = 128  # rows (tokens x q heads of a kv head) per program for prompt chunks
 # Context splits per query block (a power of two), and the fewest keys a split takes (fewer
 # cost more in merging than they save). One sequence's decode has 64 splits a kv head; with a
 # floor of 256 keys only 32 of them worked at 8K (128 programs, one an SM for the config the
 # tuner picked there, 8 warps at 149 registers), while from 16K on all 64 do, twice the
 # programs under the config tuned at 8K: two waves. A floor of 128 keeps 8K and every longer
-# context at the same working grid. Both untimed (NINFER_ATTN_MAX_SPLITS, NINFER_ATTN_MIN_SPLIT
-# override them for the A/B; the old floor: NINFER_ATTN_MIN_SPLIT=256).
+# context at the same working grid: +0.4% on the H100's 27B (docs/perf.md, thirty-second run;
+# 128 splits of 64 keys lost 0.8%). NINFER_ATTN_MAX_SPLITS and NINFER_ATTN_MIN_SPLIT override
+# both for timing them.
 MAX_SPLITS = int(os.environ.get("NINFER_ATTN_MAX_SPLITS", "64"))
 MIN_SPLIT_TOKENS = int(os.environ.get("NINFER_ATTN_MIN_SPLIT", "128"))
 WAVES = 2  # programs to aim for, per multiprocessor, before splitting stops
@@ -601,8 +604,8 @@ if triton is not None:
                      k_scale, v_scale, kv_head, num_kv_heads, qk_scale, k_next, ks_next,
                      v_next, vs_next, k_far, ks_far, v_far, vs_far, BLOCK_N: tl.constexpr,
                      HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                     QUANT: tl.constexpr,
-                     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, MASKED: tl.constexpr,
+                     QUANT: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                     MASKED: tl.constexpr,
                      DOT_PRECISION: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr):
         """Keys [start, start + BLOCK_N) into the online softmax (m_i, l_i, acc) of the rows
         at positions `pos`. Without MASKED every row sees every key of the tile (the caller
@@ -773,17 +776,14 @@ if triton is not None:
             tl.store(out + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
                      o.to(out.dtype.element_ty), mask=valid[:, None])
         else:
-            # partials [N, nq, NUM_SPLITS, (HEAD_DIM)]: the split's normalized output and its
-            # log2-sum-exp2, -inf for a row that saw no key here, whose output the merge does
-            # not read and which is not stored (a split past a short context stores 4 bytes a
-            # row, not HEAD_DIM x 4)
+            # partials [N, nq, NUM_SPLITS, (HEAD_DIM)]: the split's normalized output (zero
+            # for a row that saw no key here) and its log2-sum-exp2 (-inf for that row)
             part = (tok * (num_kv_heads * GROUP_HEADS) + head) * NUM_SPLITS + split
             seen_any = l_i > 0
             lse = tl.where(seen_any, m_i + tl.log2(tl.where(seen_any, l_i, 1.0)), float("-inf"))
             o = acc / tl.where(seen_any, l_i, 1.0)[:, None]
             tl.store(part_lse + part, lse, mask=valid)
-            tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o,
-                     mask=(valid & seen_any)[:, None])
+            tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=valid[:, None])
 
     @triton.jit
     def _merge_splits_kernel(part_out, part_lse, out, stride_ot, stride_oh, gate, stride_gt,
@@ -796,9 +796,9 @@ if triton is not None:
         """Program (token, HEADS heads): the splits' outputs weighted by their share of the
         softmax, AT_ONCE splits a round (the running max rescales the rounds before; with
         one round, the bits of a plain weighted sum). A split that saw no key of a row
-        stored lse -inf and no output for it: its output is not loaded (a grid with more
-        splits than the context fills, at 8K under a long-context split count, reads only
-        the splits that worked). With OPERAND (HEADS 1), also the head's HEAD_DIM / GROUP
+        stored a zero output and lse -inf for it, so a round's outputs load with its lses,
+        not after them (masked by the lse, the loads would wait a round trip for it). With
+        OPERAND (HEADS 1), also the head's HEAD_DIM / GROUP
         groups of the decode operand of the output read as [tokens, heads * HEAD_DIM]
         (`store_operand`, of the rounded output as stored)."""
         tl.static_assert(HEADS == 1 or not OPERAND, "the operand is written a head at a time")
@@ -817,9 +817,8 @@ if triton is not None:
             part = ((t * num_heads + h)[:, None] * NUM_SPLITS + first
                     + tl.arange(0, AT_ONCE)[None, :])
             lse = tl.load(part_lse + part, mask=h_ok[:, None], other=0.0)
-            worked = h_ok[:, None] & (lse > float("-inf"))
             parts = tl.load(part_out + part[:, :, None] * HEAD_DIM + d[None, None, :],
-                            mask=worked[:, :, None], other=0.0)
+                            mask=h_ok[:, None, None], other=0.0)
             m_new = tl.maximum(m, tl.max(lse, 1))
             w = tl.exp2(lse - m_new[:, None])
             alpha = tl.exp2(m - m_new)
