@@ -2,10 +2,10 @@
 
 `scripts/stream_probe.py` found that the decode kernel's access pattern alone streams 27B
 weights at 75-91% of bandwidth where the kernel reaches 30-51%: the loss is in the K loop's
-work. This times the decode kernel's K loop (`quant_linear.decode_tile`'s parts: tile loads,
+work. This times the decode kernel's K loop (`quant_linear.decode_range`'s parts: tile loads,
 the PTX decode, the tensor-core dots) on every 27B decode shape, M = 1, in four modes:
 
-- `full`: `quant_linear.decode_tile` (what `_decode_kernel` does, less its split reduction;
+- `full`: `quant_linear.decode_range` (what `_decode_kernel` does, less its split reduction;
   parts stored unreduced, the activation pass run once outside the timing);
 - `no-dot`: loads and decode; the operands are added up instead of dotted;
 - `no-decode`: loads and dots; the raw words are the fp16 operands (no PTX, no scale);
@@ -76,12 +76,12 @@ def _probe_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, st
     row_off = rows.to(tl.int64)
     acc = tl.zeros((BN, BM), tl.float32)
     fold = tl.zeros((BN, BKW), tl.float16)
+    if MODE == 0:
+        acc = ql.decode_range(acc, xo_ptr, inv_ptr, inv_ptr, w_ptr, s_ptr, s_ptr, row_off,
+                              row_ok, ms, m_ok, M, K, k_lo, k_hi, stride_w, stride_s, 0, 2, True,
+                              True, True, BK, DOTS)
     for k0 in range(k_lo, k_hi, BK):
-        if MODE == 0:
-            acc = ql.decode_tile(acc, xo_ptr, inv_ptr, inv_ptr, w_ptr, s_ptr, s_ptr, row_off,
-                                 row_ok, ms, m_ok, M, K, k0, k_hi, stride_w, stride_s, 0, 2,
-                                 True, True, True, BK, DOTS)
-        else:
+        if MODE != 0:
             kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
             ks = tl.max_contiguous(tl.multiple_of(k0 // 16 + tl.arange(0, BKW // 2), BKW // 2),
                                    BKW // 2)

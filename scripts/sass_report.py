@@ -133,7 +133,7 @@ def report(label: str, kernel, weights_per_thread: int, tmp: Path) -> None:
 
 DECODE_ARGS = ("xo_ptr", "inv_ptr", "xsum_ptr", "w_ptr", "s_ptr", "z_ptr", "g_ptr", "part_ptr",
                "counter_ptr", "out_ptr", "hidden_ptr", "hxo_ptr", "hinv_ptr", "hxsum_ptr",
-               "ticket_ptr", "M", "N", "K", "stride_w", "stride_s", "split_len")
+               "ticket_ptr", "M", "N", "K", "stride_w", "stride_s", "split_len", "splits")
 
 
 def configs(scheme_id: int) -> list:
@@ -153,7 +153,7 @@ def decode_variants(asm: bool, tmp: Path) -> None:
             bn, bk = cfg.bn, cfg.bk
             sig = dict(zip(DECODE_ARGS, ("*fp16", "*fp32", "*fp32", "*i32", *PARTS[scheme],
                                          "*fp32", "*i32", "*bf16", "*bf16", "*fp16", "*fp32",
-                                         "*fp32", "*i32", *["i32"] * 6), strict=True))
+                                         "*fp32", "*i32", *["i32"] * 7), strict=True))
             cst = {"SCHEME": sid, "WPS": wps, "BM": ql.decode_rows(ROWS), "ASM": asm,
                    "EVEN_K": True, "EVEN_N": EVEN_N, "BN": bn, "BK": bk, "DOTS": cfg.dots,
                    "HAND_ON": False, "OUT_GROUP": bn, "OUT_SUMS": False, "PREFETCH": PREFETCH,

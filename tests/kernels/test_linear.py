@@ -389,18 +389,21 @@ def test_wave_split_fills_whole_waves(monkeypatch: pytest.MonkeyPatch, n: int, k
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_every_tuned_decode_config(scheme: str) -> None:
     """Each config the decode tuner may pick on the GPU (whichever it times fastest is
-    served) gives the reference result on 8-row and 16-row tiles, K split or not."""
+    served) gives the reference result on 8-row and 16-row tiles, K split or not, K a whole
+    number of tiles or not (640: a groupwise-int tile of two groups ends half past K)."""
     scheme_id = 0 if scheme == "nvfp4" else 1
-    n, k = 80, 512
-    w = packed(scheme, n, k, seed=5)
-    ops = quant_linear._operands(w)
-    for config in quant_linear.DECODE_CONFIGS[scheme_id]:
-        for m in (1, 9):
-            x = rand(m, k, dtype=HALF, seed=m)
-            for split in ((k, 1), (256, 2)):
-                out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-                quant_linear._run_decode(x, ops, out, quant_linear.DecodePlan(config, *split))
-                check(out, x, w)
+    n = 80
+    for k in (512, 640):
+        w = packed(scheme, n, k, seed=5)
+        ops = quant_linear._operands(w)
+        for config in quant_linear.DECODE_CONFIGS[scheme_id]:
+            for m in (1, 9):
+                x = rand(m, k, dtype=HALF, seed=m)
+                for split in ((k, 1), (256, -(-k // 256))):
+                    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+                    plan = quant_linear.DecodePlan(config, *split)
+                    quant_linear._run_decode(x, ops, out, plan)
+                    check(out, x, w)
 
 
 @pytest.mark.parametrize("dots", [1, 2, 4, 8])

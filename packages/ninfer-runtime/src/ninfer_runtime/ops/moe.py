@@ -678,8 +678,8 @@ if triton is not None:
         _graph_bench,
         _uint4,
         _weight_tile,
+        decode_range,
         decode_result,
-        decode_tile,
         sum_parts,
     )
     from ninfer_runtime.ops.skinny_linear import skinny_part, write_operand
@@ -1207,13 +1207,11 @@ if triton is not None:
             row = tl.where(row_ok, rows, 0).to(tl.int64)
             prefetch_to_l2(w_ptr + expert * stride_we + row * stride_wn + k_lo // 8,
                            (k_hi - k_lo) // 2)
-        acc = tl.zeros((R, BM), tl.float32)
-        for k0 in range(k_lo, k_hi, BK):
-            acc = decode_tile(acc, xo_ptr + x_row * (K // 8), inv_ptr + x_row,
-                              xsum_ptr + x_row, w_ptr + expert * stride_we,
-                              s_ptr + expert * stride_se, aux_ptr + expert * stride_ae,
-                              rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_wn,
-                              stride_sn, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS)
+        acc = decode_range(tl.zeros((R, BM), tl.float32), xo_ptr + x_row * (K // 8),
+                           inv_ptr + x_row, xsum_ptr + x_row, w_ptr + expert * stride_we,
+                           s_ptr + expert * stride_se, aux_ptr + expert * stride_ae,
+                           rows.to(tl.int64), row_ok, ms, m_ok, M, K, k_lo, k_hi, stride_wn,
+                           stride_sn, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS)
         res = decode_result(acc, SCHEME)  # [BM, R]
         if SCHEME == _NVFP4:  # the expert's per-row global scale (aux)
             res = res * tl.load(aux_ptr + expert * stride_ae + rows, mask=row_ok,

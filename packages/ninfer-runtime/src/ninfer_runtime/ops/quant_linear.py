@@ -113,7 +113,7 @@ _MAX_ALPHA_RUNS = 8
 # the decode kernel's fp16 operands come from inline PTX on the GPU (False: the pure-Triton
 # twin, bit-identical and slower; the interpreter always runs the twin)
 DECODE_ASM = True
-# whole row tiles load without row masks (decode_tile's EVEN_N); NINFER_DECODE_EVEN_N=0 keeps
+# whole row tiles load without row masks (decode_range's EVEN_N); NINFER_DECODE_EVEN_N=0 keeps
 # the masks, the A/B of that change on the GPU
 DECODE_EVEN_N = os.environ.get("NINFER_DECODE_EVEN_N", "1") != "0"
 # the tuner's candidates include each config's `wave_split`; NINFER_DECODE_WAVE_SPLIT=0 leaves
@@ -447,11 +447,13 @@ class DecodePlan:
 # config, 3 programs per SM, moved 1.97. So the configs trade instructions per weight for
 # resident programs (Triton 3.6 sm_90 SASS at 8 rows, `scripts/sass_report.py`, no spills;
 # per weight / programs per SM): nvfp4 BN 128 8 dots 3.26 / 3 (2 stages 3.14 / 2), 2 dots
-# 3.18 / 2, BN 64 4 dots 3.63 / 4, 8 dots 3.70 / 5; groupwise-int BN 128 2 dots 2.70 / 6,
-# BN 64 3.62 / 8, each at 4 and 3 stages (its tuner never picked 6 stages or 8 dots for the
-# 27B; 3 stages not yet timed). Under ncu (tenth run) the default config's warps wait mostly on
-# their own ALU results ("wait", 0.95 cycles an issued instruction) and on global loads
-# (0.49), and find the ALU pipe busy (0.33): the decode's integer work is the bound.
+# 3.18 / 2, BN 64 4 dots 3.63 / 4, 8 dots 3.70 / 5. groupwise-int (2 dots; its tuner never
+# picked 6 stages or 8 dots for the 27B), with its terms loaded a trip ahead: BK 128 BN 128
+# 2.48-2.56 / 5 (2.52 / 7 before), BN 64 3.69 / 7; BK 256 (two groups a trip) BN 128
+# 2.64-2.69 / 4, BN 64 3.36 / 6 (sm_90, one row, 2026-12-07). Under ncu (tenth run) the
+# default config's warps wait mostly on their own ALU results ("wait", 0.95 cycles an issued
+# instruction) and on global loads (0.49), and find the ALU pipe busy (0.33): the decode's
+# integer work is the bound.
 # On the H200 (`scripts/decode_probe.py`, docs/perf.md, ninth run) the nvfp4 K loop is bound
 # by the decode's issue, not by the tile stream or the dots: without its dots it is no
 # faster, without its decode it streams at 85% of bandwidth; BN 128 with 8 dots at 2-3
@@ -469,17 +471,23 @@ DECODE_CONFIGS = {
     _NVFP4_ID: [DecodeConfig(bn, bk, w, s, d, p) for bn, bk, w, s, d, p in (
         (128, 256, 4, 3, 8, 3), (128, 256, 4, 2, 8, 3), (128, 256, 4, 3, 2, 3),
         (64, 256, 4, 4, 4, 5), (64, 256, 4, 4, 8, 5))],
-    _INT_ID: [DecodeConfig(bn, GROUP_BK, w, s, d, p) for bn, w, s, d, p in (
-        (128, 4, 4, 2, 7), (128, 4, 3, 2, 7), (64, 4, 4, 2, 9), (64, 4, 3, 2, 9))],
+    _INT_ID: [DecodeConfig(bn, bk, w, s, d, p) for bn, bk, w, s, d, p in (
+        (128, 128, 4, 4, 2, 5), (128, 128, 4, 3, 2, 5), (64, 128, 4, 4, 2, 7),
+        (64, 128, 4, 3, 2, 7), (128, 256, 4, 3, 2, 4), (128, 256, 4, 2, 2, 4),
+        (64, 256, 4, 3, 2, 6))],
 }
 # the interpreter's cost grows with programs and ops a program: wide tiles and 2 dots (the
 # engine tests' tiny models in half the time; their weights still span several tiles)
 _INTERPRETER_CONFIGS = {_NVFP4_ID: DecodeConfig(64, 256, 4, 1, 2),
                         _INT_ID: DecodeConfig(64, GROUP_BK, 4, 1, 2)}
-# every decode config of a scheme has the same BK, so an activation operand made before the
-# tuner picks one (ops.norm) fits whichever it picks
-_OPERAND_GROUPS = {scheme: bk for scheme, configs in DECODE_CONFIGS.items()
-                   for (bk,) in [{c.bk for c in (*configs, _INTERPRETER_CONFIGS[scheme])}]}
+# The activation operand's group (one scale, and groupwise-int's sum, per group of a row): the
+# nvfp4 K tile, one groupwise-int quantization group (an int tile holds one or two). Every
+# config of a scheme fits its group, so an operand made before the tuner picks a config
+# (ops.norm) fits whichever it picks.
+_OPERAND_GROUPS = {_NVFP4_ID: 256, _INT_ID: GROUP_BK}
+assert all(c.bk == _OPERAND_GROUPS[_NVFP4_ID] for c in (*DECODE_CONFIGS[_NVFP4_ID],
+                                                       _INTERPRETER_CONFIGS[_NVFP4_ID]))
+assert all(c.bk % GROUP_BK == 0 for c in (*DECODE_CONFIGS[_INT_ID], _INTERPRETER_CONFIGS[_INT_ID]))
 _decode_plans: dict[tuple, DecodePlan] = {}
 
 
@@ -744,11 +752,12 @@ def _decode_args(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decod
     `operand` is given."""
     m, n, k = x.shape[0], out.shape[1], ops.words.shape[1] * 8
     c = plan.config
+    group = _OPERAND_GROUPS[ops.layout.scheme]
     if operand is None:
-        operand = activation_operands(x, c.bk, ops.layout.scheme == _INT_ID, swiglu)
+        operand = activation_operands(x, group, ops.layout.scheme == _INT_ID, swiglu)
     else:
         assert not swiglu, "a norm's operand is of x, not of silu_and_mul(x)"
-    assert operand.group == c.bk, "a decode operand of another K tile"
+    assert operand.group == group, "a decode operand of another group"
     tiles = triton.cdiv(n, c.bn)
     hidden, handed = hand_on or (out, None)
     groups = 0 if handed is None else triton.cdiv(n // 2, handed.group)
@@ -776,7 +785,7 @@ def prefetches(words: torch.Tensor, k: int, split_len: int) -> bool:
 
 
 def decode_tile_args(layout: _Layout, config: DecodeConfig, n: int, k: int, m: int) -> dict:
-    """The compile-time arguments and launch options of `decode_tile` for a weight of
+    """The compile-time arguments and launch options of `decode_range` for a weight of
     `layout` with k inputs and m activation rows, as the dense decode kernel and ops.moe's
     expert decode pass them; n is the N their row tiles split BN at a time (EVEN_N: whole
     tiles), the kernel's own N argument."""
@@ -1019,47 +1028,122 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms,
-                    m_ok, M, K, k0, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
-                    WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
-                    EVEN_N: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr):
-        """acc [BN, BM] + the K tile [k0, k0 + BK) of W[rows] @ xo^T with the tile's
-        activation scale undone (the weights' operand offset is undone by
-        `decode_result`). EVEN_N: every row of the tile exists (N a multiple of the tile),
-        so its loads take no row mask, which the compiler would otherwise keep live across
-        the K loop (sm_90, the 27B's nvfp4 config: 186 registers a thread, two programs an
-        SM, against 168 and three; 2% fewer instructions a weight)."""
+    def decode_range(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms,
+                     m_ok, M, K, k_lo, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
+                     WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
+                     EVEN_N: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr):
+        """acc [BN, BM] + inputs [k_lo, k_hi) of W[rows] @ xo^T, a K tile a trip, with each
+        operand group's activation scale undone (the weights' operand offset is undone by
+        `decode_result`). EVEN_N: every row of the tile exists (N a multiple of the tile), so
+        its loads take no row mask, which the compiler would otherwise keep live across the
+        K loop (sm_90, the 27B's nvfp4 config: 186 registers a thread, two programs an SM,
+        against 168 and three; 2% fewer instructions a weight).
+
+        An nvfp4 tile is one operand group, its block scales part of the dots' operands.
+        A groupwise-int tile holds BK / 128 groups, each its own dots; its scales, zero points
+        and activation terms scale the dots' results, so Triton's pipeline, which copies
+        ahead only what feeds a dot, left them as loads in the trip that uses them, an L2 or
+        DRAM round trip every 128 inputs (sm_90 SASS, Triton 3.6): they are loaded a trip
+        ahead here (`_int_terms`). Two groups a tile halve the trips, each with its pipeline
+        wait and bookkeeping (nvfp4 tiles of 128 inputs decoded at half the speed of 256,
+        ninth run)."""
         if EVEN_N:
             row_ok = tl.full(row_ok.shape, 1, tl.int1)
+        if SCHEME == _NVFP4:
+            for k0 in range(k_lo, k_hi, BK):
+                acc = _nv_tile(acc, xo_ptr, inv_ptr, w_ptr, s_ptr, row_off, row_ok, ms, m_ok, M,
+                               K, k0, k_hi, stride_w, stride_s, WPS, ASM, EVEN_K, BK, DOTS)
+        else:
+            G: tl.constexpr = BK // _GROUP_BK_C
+            terms = _int_terms(s_ptr, z_ptr, inv_ptr, xsum_ptr, row_off, row_ok, ms, m_ok, M,
+                               k_lo, k_hi, stride_s, G)
+            for k0 in range(k_lo, k_hi, BK):
+                ahead = _int_terms(s_ptr, z_ptr, inv_ptr, xsum_ptr, row_off, row_ok, ms, m_ok,
+                                   M, k0 + BK, k_hi, stride_s, G)
+                for g in tl.static_range(G):
+                    acc = _int_group(acc, xo_ptr, w_ptr, row_off, row_ok, ms, m_ok, M, K,
+                                     k0 + g * _GROUP_BK_C, k_hi, stride_w, terms, g, ASM,
+                                     EVEN_K, DOTS)
+                terms = ahead
+        return acc
+
+    @triton.jit
+    def _k_words(k0, k_hi, row_ok, G: tl.constexpr, EVEN_K: tl.constexpr):
+        """The word columns of inputs [k0, k0 + G) (k0 a multiple of G) and their mask."""
+        BKW: tl.constexpr = G // 8
+        # k0 is a multiple of G: tell the compiler, so that the loads are 16-byte wide
+        kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
+        mask = row_ok[:, None]
+        if not EVEN_K:
+            mask = mask & (kw < k_hi // 8)[None, :]
+        return kw, mask
+
+    @triton.jit
+    def _nv_tile(acc, xo_ptr, inv_ptr, w_ptr, s_ptr, row_off, row_ok, ms, m_ok, M, K, k0,
+                 k_hi, stride_w, stride_s, WPS: tl.constexpr, ASM: tl.constexpr,
+                 EVEN_K: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr):
+        """`decode_range`'s nvfp4 tile [k0, k0 + BK)."""
         BKW: tl.constexpr = BK // 8
         BKS: tl.constexpr = BKW // WPS
-        # k0 is a multiple of BK: tell the compiler, so that the loads are 16-byte wide
-        kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
+        kw, w_mask = _k_words(k0, k_hi, row_ok, BK, EVEN_K)
         ks = tl.max_contiguous(tl.multiple_of(k0 // (8 * WPS) + tl.arange(0, BKS), BKS), BKS)
-        if EVEN_K:
-            w_mask = row_ok[:, None]
-            s_mask = row_ok[:, None]
-        else:
-            w_mask = row_ok[:, None] & (kw < k_hi // 8)[None, :]
-            s_mask = row_ok[:, None] & (ks < k_hi // (8 * WPS))[None, :]
+        s_mask = row_ok[:, None]
+        if not EVEN_K:
+            s_mask = s_mask & (ks < k_hi // (8 * WPS))[None, :]
         words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :], mask=w_mask,
                         other=0).to(tl.uint32, bitcast=True)
-        s_off = row_off[:, None] * stride_s + ks[None, :]
-        scale = tl.load(s_ptr + s_off, mask=s_mask, other=0.0)
+        sbytes = tl.load(s_ptr + row_off[:, None] * stride_s + ks[None, :], mask=s_mask,
+                         other=0.0).to(tl.uint8, bitcast=True)
         inv = tl.load(inv_ptr + (k0 // BK) * M + ms, mask=m_ok, other=0.0)[None, :]
-        if SCHEME == _NVFP4:
-            o = nv_operands(words, _per_word(scale.to(tl.uint8, bitcast=True), WPS), ASM)
-            d = _dots(o, tl.zeros(acc.shape, tl.float32), xo_ptr, ms, m_ok, M, K, k0, k_hi,
-                      EVEN_K, BKW, DOTS)
-        else:
-            # one group: d = sum(o * x) with o = q + BIAS, exact in fp16, less the zero point
-            # times the group's sum of the same operand values
-            d = _dots(int_operands(words, ASM), tl.zeros(acc.shape, tl.float32), xo_ptr, ms,
-                      m_ok, M, K, k0, k_hi, EVEN_K, BKW, DOTS)
-            xsum = tl.load(xsum_ptr + (k0 // _GROUP_BK_C) * M + ms, mask=m_ok, other=0.0)
-            zero = tl.load(z_ptr + s_off, mask=s_mask, other=0).to(tl.float32)
-            d = scale.to(tl.float32) * (d - (_INT_F16_BIAS + zero) * xsum[None, :])
+        d = _dots(nv_operands(words, _per_word(sbytes, WPS), ASM), tl.zeros(acc.shape,
+                  tl.float32), xo_ptr, ms, m_ok, M, K, k0, k_hi, EVEN_K, BKW, DOTS)
         return acc + d * inv
+
+    @triton.jit
+    def _int_terms(s_ptr, z_ptr, inv_ptr, xsum_ptr, row_off, row_ok, ms, m_ok, M, k0, k_hi,
+                   stride_s, G: tl.constexpr):
+        """The groups of the groupwise-int tile at k0 (G of them; nothing past k_hi): each
+        row's scale and BIAS + zero point [BN, G], each activation row's inverse scale and
+        operand sum [BM, G]."""
+        group = k0 // _GROUP_BK_C + tl.arange(0, G)
+        live = group < tl.cdiv(k_hi, _GROUP_BK_C)
+        w_mask = row_ok[:, None] & live[None, :]
+        x_mask = m_ok[:, None] & live[None, :]
+        s_off = row_off[:, None] * stride_s + group[None, :]
+        scale = tl.load(s_ptr + s_off, mask=w_mask, other=0.0).to(tl.float32)
+        offset = _INT_F16_BIAS + tl.load(z_ptr + s_off, mask=w_mask, other=0).to(tl.float32)
+        x_off = group[None, :] * M + ms[:, None]
+        inv = tl.load(inv_ptr + x_off, mask=x_mask, other=0.0)
+        xsum = tl.load(xsum_ptr + x_off, mask=x_mask, other=0.0)
+        return scale, offset, inv, xsum
+
+    @triton.jit
+    def _column(t, g: tl.constexpr, G: tl.constexpr):
+        """Column g of t [R, G] (G 1 or 2), as [R]."""
+        if G == 1:
+            column = tl.reshape(t, (t.shape[0],))
+        else:
+            first, second = tl.split(t)
+            column = first if g == 0 else second
+        return column
+
+    @triton.jit
+    def _int_group(acc, xo_ptr, w_ptr, row_off, row_ok, ms, m_ok, M, K, k0, k_hi, stride_w,
+                   terms, g: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
+                   DOTS: tl.constexpr):
+        """`decode_range`'s groupwise-int group [k0, k0 + 128), group g of its tile's terms:
+        d = sum(o * x) with o = q + BIAS, exact in fp16, less the zero point (and BIAS)
+        times the group's sum of the same operand values, times the scale."""
+        scale, offset, inv, xsum = terms
+        kw, w_mask = _k_words(k0, k_hi, row_ok, _GROUP_BK_C, EVEN_K)
+        words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :], mask=w_mask,
+                        other=0).to(tl.uint32, bitcast=True)
+        d = _dots(int_operands(words, ASM), tl.zeros(acc.shape, tl.float32), xo_ptr, ms, m_ok,
+                  M, K, k0, k_hi, EVEN_K, _GROUP_BK_C // 8, DOTS)
+        G: tl.constexpr = scale.shape[1]
+        d = _column(scale, g, G)[:, None] * (d - _column(offset, g, G)[:, None]
+                                             * _column(xsum, g, G)[None, :])
+        return acc + d * _column(inv, g, G)[None, :]
 
     @triton.jit
     def decode_result(acc, SCHEME: tl.constexpr):
@@ -1192,7 +1276,8 @@ if triton is not None:
         (`swiglu_decode`): a tile's rows are BN/2 gate rows and their up rows N/2 later, and
         the program that stores it hands the SiLU product on (`_hand_on_swiglu`). Whether
         this program wrote a group of that product's operand."""
-        tl.static_assert(SCHEME == _NVFP4 or BK == _GROUP_BK_C, "one int group per K tile")
+        tl.static_assert(SCHEME == _NVFP4 or BK // _GROUP_BK_C * _GROUP_BK_C == BK,
+                         "whole int groups a K tile")
         tile, pid_k, rows, row_ok, ms, m_ok, k_lo, k_hi = split_item(tile, pid_k, M, N, K,
                                                                      split_len, BM, BN)
         if HAND_ON:
@@ -1207,11 +1292,9 @@ if triton is not None:
         # it there won 0.7-1.5 us a call alone but cost the 27B step 1.4-1.8 ms in the engine
         # (docs/perf.md, eleventh run)
         wait_for_inputs(GDC)
-        acc = tl.zeros((BN, BM), tl.float32)
-        for k0 in range(k_lo, k_hi, BK):
-            acc = decode_tile(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr,
-                              rows.to(tl.int64), row_ok, ms, m_ok, M, K, k0, k_hi, stride_w,
-                              stride_s, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS)
+        acc = decode_range(tl.zeros((BN, BM), tl.float32), xo_ptr, inv_ptr, xsum_ptr, w_ptr,
+                           s_ptr, z_ptr, rows.to(tl.int64), row_ok, ms, m_ok, M, K, k_lo, k_hi,
+                           stride_w, stride_s, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS)
         last = _finish_tile(decode_result(acc, SCHEME), pid_k, splits, part_ptr,
                             counter_ptr + tile, g_ptr, out_ptr, rows, row_ok, ms, m_ok, M, N,
                             SCHEME)
