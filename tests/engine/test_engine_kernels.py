@@ -199,3 +199,30 @@ def test_half_prompts_run_the_nvfp4_gemms_on_fp16_operands(quantized,
     tiles = logits(False)
     assert not made
     torch.testing.assert_close(fp16, tiles, rtol=0, atol=2e-2 * tiles.abs().max().item())
+
+
+def test_norms_run_in_their_readers_launch(quantized, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode steps in half precision run the GDN input norms and the MoE post-attention
+    norms inside in_proj_ba's and the router's launches (ops.norm.DeferredNorm): the same
+    tokens as the norm kernel before them (the bits: tests/kernels, test_skinny_linear and
+    test_moe)."""
+    from ninfer_runtime.models import layers
+    from ninfer_runtime.ops import skinny_linear
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    half = torch.bfloat16 if device == "cuda" else torch.float16
+    loaded = load_artifact(quantized("moe", "nvfp4"), device, dtype=half)
+    reqs = [request("r", prompt(6, 0), greedy(3))]
+    config = {"kv_dtype": "int8", "prefill_chunk": 16, "max_context": 32,
+              "max_concurrency": 1, "device": device}
+    monkeypatch.setenv("NINFER_OPS", "triton")
+    fused = []
+    norm_args = skinny_linear.norm_args
+    monkeypatch.setattr(skinny_linear, "norm_args",
+                        lambda x, norm: fused.append(norm is not None) or norm_args(x, norm))
+    deferred = drain(engine(loaded, **config), reqs).tokens
+    assert any(fused)
+    monkeypatch.setattr(layers, "defer_add_rms_norm", lambda *args: None)
+    fused.clear()
+    assert drain(engine(loaded, **config), reqs).tokens == deferred
+    assert not any(fused)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ninfer_runtime.ops import moe, quant_linear
+from ninfer_runtime.ops import moe, quant_linear, skinny_linear
 from ninfer_runtime.ops.linear import linear
 from ninfer_runtime.ops.moe import (
     DECODE_MAX_TOKENS,
@@ -25,6 +25,7 @@ from ninfer_runtime.ops.moe import (
     route,
     route_ref,
 )
+from ninfer_runtime.ops.norm import add_rms_norm, defer_add_rms_norm
 from ninfer_runtime.quant import PackedWeight, get_scheme
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -290,6 +291,29 @@ def test_the_router_hands_the_gate_up_stage_its_operand(scheme: str) -> None:
     many = x.new_zeros(DECODE_MAX_TOKENS + 1, hidden)
     for args in ((x, plain, down), (x.float(), gate_up, down), (many, gate_up, down)):
         assert moe.gate_up_operand_spec(*args) is None
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 9])
+def test_the_router_runs_the_norm_before_it(tokens: int) -> None:
+    """Given the post-attention norm deferred (ops.norm.DeferredNorm), the router's launch
+    runs it (up to 4 rows of this hidden size; 9 get the norm kernel first): the residual,
+    the normed rows, the routing and the gate|up operand are the bits of the norm kernel
+    followed by the router."""
+    hidden, experts = 1024, 40
+    x = (torch.randn(tokens, hidden, generator=gen(1)) * 4).to(DEVICE, HALF)
+    h = torch.randn(tokens, hidden, generator=gen(2)).to(DEVICE, HALF)
+    weight = (torch.randn(hidden, generator=gen(3)) * 0.1).to(DEVICE, HALF)
+    w = (torch.randn(experts + 1, hidden, generator=gen(4)) * hidden**-0.5).to(DEVICE, HALF)
+    residual, normed = add_rms_norm(x, h, weight, 1e-6)
+    expect = moe.router(normed, w, 4, True, (128, True))
+    norm = defer_add_rms_norm(x, h, weight, 1e-6)
+    assert skinny_linear.takes_norm(norm) == (tokens <= 4)
+    weights, ids, operand = moe.router(norm.out, w, 4, True, (128, True), norm=norm)
+    assert torch.equal(norm.residual, residual) and torch.equal(norm.out, normed)
+    assert torch.equal(ids, expect[1]) and torch.equal(weights, expect[0])
+    assert torch.equal(operand.xo, expect[2].xo) and torch.equal(operand.inv, expect[2].inv)
+    assert torch.equal(operand.xsum, expect[2].xsum)
+    assert not quant_linear.tile_counters(x.device, 1).any()
 
 
 @pytest.mark.parametrize(("scheme", "inter"), [("nvfp4", 320), ("int4", 384)])

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer_runtime.ops import linear as linear_ops
+from ninfer_runtime.ops import norm as norm_ops
 from ninfer_runtime.ops import quant_linear, skinny_linear
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -104,3 +105,47 @@ def test_linear_with_operand_only_where_the_skinny_kernel_runs() -> None:
                  (rand(17, 256, seed=3), w, (128, False))):
         out, operand = linear_ops.linear_with_operand(*args)
         assert operand is None and torch.equal(out, linear_ops.linear(*args[:2]))
+
+
+@pytest.mark.parametrize(("m", "k", "residual", "spec"),
+                         [(1, 640, True, (256, False)), (3, 1000, True, (128, True)),
+                          (2, 2048, False, None), (4, 2048, True, (128, False))])
+def test_runs_the_norm_before_it(m: int, k: int, residual: bool,
+                                 spec: tuple[int, bool] | None) -> None:
+    """With a deferred norm (ops.norm.DeferredNorm: the RMSNorm of x + h whose output the
+    GEMV reads) the launch runs that norm in its prologue: the residual, the norm's output,
+    the product and the decode operand are the bits of the norm kernel followed by the
+    GEMV (K split over programs, K off the tile, rows off the tile, with h and without)."""
+    x = rand(m, k, seed=m) * 4
+    h = rand(m, k, seed=m + 1) if residual else None
+    weight = rand(k, seed=k) * 0.1
+    w = rand(24, k, seed=k + 1) / k**0.5
+    if residual:
+        expect_x, normed = norm_ops.add_rms_norm(x, h, weight, 1e-6)
+    else:
+        expect_x, normed = x, norm_ops.rms_norm(x, weight, 1e-6)
+    expect, expect_operand = linear_ops.linear_with_operand(normed, w, spec)
+    norm = norm_ops.defer_add_rms_norm(x, h, weight, 1e-6)
+    assert skinny_linear.takes_norm(norm)
+    out, operand = linear_ops.linear_with_operand(norm.out, w, spec, norm)
+    assert torch.equal(norm.out, normed) and torch.equal(norm.residual, expect_x)
+    assert torch.equal(out, expect)
+    assert (operand is None) == (spec is None)
+    if spec is not None:
+        assert torch.equal(operand.xo, expect_operand.xo)
+        assert torch.equal(operand.inv, expect_operand.inv)
+        assert not spec[1] or torch.equal(operand.xsum, expect_operand.xsum)
+    assert not quant_linear.tile_counters(x.device, 8).any()
+
+
+def test_a_norm_of_more_rows_runs_first() -> None:
+    """Rows that the prologue cannot hold at once (`_NORM_ELEMENTS`) get the norm kernel
+    before the GEMV: the same bits."""
+    x, h, weight = rand(9, 2048, seed=1), rand(9, 2048, seed=2), rand(2048, seed=3) * 0.1
+    w = rand(16, 2048, seed=4) / 64
+    norm = norm_ops.defer_add_rms_norm(x, h, weight, 1e-6)
+    assert not skinny_linear.takes_norm(norm)
+    out, _ = linear_ops.linear_with_operand(norm.out, w, None, norm)
+    residual, normed = norm_ops.add_rms_norm(x, h, weight, 1e-6)
+    assert torch.equal(norm.residual, residual) and torch.equal(norm.out, normed)
+    assert torch.equal(out, linear_ops.linear(normed, w))

@@ -44,7 +44,9 @@ from ninfer_runtime.ops.linear import (
 )
 from ninfer_runtime.ops.moe import gate_up_operand_spec, moe_experts, router
 from ninfer_runtime.ops.norm import (
+    DeferredNorm,
     add_rms_norm,
+    defer_add_rms_norm,
     gated_rms_norm,
     gated_rms_norm_with_operand,
     rms_norm,
@@ -79,18 +81,20 @@ def gated_attention(x: torch.Tensor, w: AttentionWeights, kv: PagedKV, batch: St
 
 
 def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: StepBatch,
-                    cfg: ModelConfig) -> torch.Tensor:
+                    cfg: ModelConfig, norm: DeferredNorm | None = None) -> torch.Tensor:
     """The GDN token mixer: [N, H]. The step's leading `recurrent_tokens` rows (decode tokens,
     speculative verify segments) take the fused recurrent path, the rest (prompt chunks) the
     chunked path; both continue from and replace the slots' state (or, for verify segments,
-    leave the state after each token in its snapshot slot)."""
+    leave the state after each token in its snapshot slot). `norm`: the input norm whose
+    output x is, not yet run (in_proj_ba's launch runs it where it can)."""
     n, nv, dv = x.shape[0], cfg.linear_num_value_heads, cfg.linear_value_head_dim
     # in_proj_ba first: its kernel can write x's operand for in_proj_qkvz's decode GEMV
     spec = decode_operand_spec(x, w.in_proj_qkvz)
     if ablated("skinny", x):
+        _run(norm)
         ba, operand = zeros("ba", (n, 2 * nv), x.dtype, x.device), _ablated_operand(x, spec)
     else:
-        ba, operand = linear_with_operand(x, w.in_proj_ba, spec)
+        ba, operand = linear_with_operand(x, w.in_proj_ba, spec, norm)
     b, a = ba.chunk(2, dim=-1)
     mixed, z = linear(x, w.in_proj_qkvz, operand).split([cfg.conv_dim, cfg.linear_value_dim],
                                                         dim=-1)
@@ -148,13 +152,33 @@ def mlp(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
     return linear(hidden, w.down_proj, operand)
 
 
-def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig) -> torch.Tensor:
+def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig,
+               norm: DeferredNorm | None = None) -> torch.Tensor:
     """Routed experts (top-k, renormalised) plus the sigmoid-gated shared expert. The router's
-    kernel can write x's operand for the experts' gate|up stage."""
+    kernel can write x's operand for the experts' gate|up stage, and run `norm` (the norm
+    whose output x is, not yet run)."""
     weights, ids, operand = router(
         x, w.router_and_gate, cfg.num_experts_per_tok, True,
-        gate_up_operand_spec(x, w.experts_gate_up, w.experts_down), cfg.num_experts + 1)
+        gate_up_operand_spec(x, w.experts_gate_up, w.experts_down), cfg.num_experts + 1, norm)
     return moe_experts(x, w.experts_gate_up, w.experts_down, weights, ids, operand)
+
+
+def _run(norm: DeferredNorm | None) -> None:
+    if norm is not None:
+        norm.run()
+
+
+def _add_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float,
+              defer: bool) -> tuple[torch.Tensor, torch.Tensor, DeferredNorm | None]:
+    """(x + h, its RMSNorm, None) (x and its norm with h None); with `defer`, where the norm
+    can wait for the launch of its reader (ops.norm.DeferredNorm), the buffers it will
+    write and the norm itself, which the caller hands to that reader."""
+    norm = defer_add_rms_norm(x, h, weight, eps) if defer else None
+    if norm is not None:
+        return norm.residual, norm.out, norm
+    if h is None:
+        return x, rms_norm(x, weight, eps), None
+    return (*add_rms_norm(x, h, weight, eps), None)
 
 
 def _ablated_operand(x: torch.Tensor, spec: tuple[int, bool] | None) -> DecodeOperand | None:
@@ -184,23 +208,23 @@ def decoder_layer(x: torch.Tensor, h: torch.Tensor | None, w: DecoderLayerWeight
     """
     eps = cfg.rms_norm_eps
     skip_norms = ablated("norm", x)
+    gdn = isinstance(w.mixer, GDNWeights)
     if skip_norms:
-        h = x
-    elif h is None:
-        h = rms_norm(x, w.input_layernorm, eps)
+        h, norm = x, None
+    else:  # GDN's in_proj_ba can run the norm in its launch
+        x, h, norm = _add_norm(x, h, w.input_layernorm, eps, defer=gdn)
+    if gdn:
+        assert isinstance(cache, GDNSlots), "a GDN layer needs a GDNSlots cache"
+        h = gated_delta_net(h, w.mixer, cache, batch, cfg, norm)
     else:
-        x, h = add_rms_norm(x, h, w.input_layernorm, eps)
-    if isinstance(w.mixer, AttentionWeights):
         assert isinstance(cache, PagedKV), "a full-attention layer needs a PagedKV cache"
         h = gated_attention(h, w.mixer, cache, batch, rope, cfg)
-    else:
-        assert isinstance(cache, GDNSlots), "a GDN layer needs a GDNSlots cache"
-        h = gated_delta_net(h, w.mixer, cache, batch, cfg)
+    moe = isinstance(w.mlp, MoEWeights)
     if skip_norms:
-        h = x
-    else:
-        x, h = add_rms_norm(x, h, w.post_attention_layernorm, eps)
-    h = sparse_moe(h, w.mlp, cfg) if isinstance(w.mlp, MoEWeights) else mlp(h, w.mlp)
+        h, norm = x, None
+    else:  # as can the MoE router
+        x, h, norm = _add_norm(x, h, w.post_attention_layernorm, eps, defer=moe)
+    h = sparse_moe(h, w.mlp, cfg, norm) if moe else mlp(h, w.mlp)
     return x, h
 
 

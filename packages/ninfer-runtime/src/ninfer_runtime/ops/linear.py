@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from ninfer_runtime.ops import quant_linear, skinny_linear
 from ninfer_runtime.ops.activation import silu_and_mul
 from ninfer_runtime.ops.dispatch import use_triton
+from ninfer_runtime.ops.norm import DeferredNorm
 from ninfer_runtime.quant import PackedWeight
 
 Weight = torch.Tensor | PackedWeight
@@ -59,17 +60,25 @@ def decode_operand_spec(x: torch.Tensor, w: Weight) -> tuple[int, bool] | None:
     return quant_linear.operand_group(w), quant_linear.needs_group_sums(w)
 
 
-def linear_with_operand(x: torch.Tensor, w: Weight, spec: tuple[int, bool] | None
+def linear_with_operand(x: torch.Tensor, w: Weight, spec: tuple[int, bool] | None,
+                        norm: DeferredNorm | None = None
                         ) -> tuple[torch.Tensor, quant_linear.DecodeOperand | None]:
     """linear(x, w), and x's decode operand of `spec` (group, sums: `decode_operand_spec` of
     the packed weight that reads x next, or None) written by the same launch where w takes
     `skinny_linear`: the next GEMV then runs no activation pass of its own. Elsewhere the
-    operand is None."""
+    operand is None. `norm`: the norm whose output x is, not yet run; the same launch runs
+    it where `skinny_linear` can, else it runs first."""
     rows = x.reshape(-1, x.shape[-1])
-    if spec is None or not isinstance(w, torch.Tensor) or not skinny_linear.applies(rows, w):
+    if not isinstance(w, torch.Tensor) or not skinny_linear.applies(rows, w):
+        if norm is not None:
+            norm.run()
         return linear(x, w), None
-    operand = quant_linear.DecodeOperand.empty(*rows.shape, *spec, x.device)
-    out = skinny_linear.skinny_linear(rows, w, operand)
+    if norm is not None and not skinny_linear.takes_norm(norm):
+        norm.run()
+        norm = None
+    operand = None if spec is None else quant_linear.DecodeOperand.empty(*rows.shape, *spec,
+                                                                         x.device)
+    out = skinny_linear.skinny_linear(rows, w, operand, norm)
     return out.view(*x.shape[:-1], w.shape[0]), operand
 
 

@@ -67,6 +67,7 @@ from ninfer_runtime.ops.compile_ahead import launch
 from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
 from ninfer_runtime.ops.launch import dot_precision, l2_prefetch, options
 from ninfer_runtime.ops.linear import linear
+from ninfer_runtime.ops.norm import DeferredNorm
 from ninfer_runtime.quant import PackedWeight
 
 try:
@@ -202,26 +203,35 @@ def route(router_logits: torch.Tensor, top_k: int, shared: bool = False
 
 
 def router(x: torch.Tensor, w: torch.Tensor, top_k: int, shared: bool,
-           spec: tuple[int, bool] | None, columns: int | None = None
+           spec: tuple[int, bool] | None, columns: int | None = None,
+           norm: DeferredNorm | None = None
            ) -> tuple[torch.Tensor, torch.Tensor, quant_linear.DecodeOperand | None]:
     """route(linear(x, w), top_k, shared) for x [T, H] and the router's weight w [E (+1), H],
     and x's decode operand of `spec` for the gate|up stage (`gate_up_operand_spec`, or None).
     At decode sizes one launch (`_router_kernel`: skinny_linear's product, whose last row
     tile routes) where linear, route and an activation pass were three; elsewhere those ops
     (the operand None). With `columns`, only w's first `columns` rows route: the rest are
-    zero rows that align a prompt's logits for its GEMM (models.weights.ROUTER_ROWS)."""
+    zero rows that align a prompt's logits for its GEMM (models.weights.ROUTER_ROWS). `norm`:
+    the norm whose output x is, not yet run (the launch runs it where skinny_linear can)."""
     routed = w[:columns]
     if not (use_triton(x, w) and skinny_linear.applies(x, routed)):
+        if norm is not None:
+            norm.run()
         return (*route(linear(x, w)[:, :columns], top_k, shared), None)
+    if norm is not None and not skinny_linear.takes_norm(norm):
+        norm.run()
+        norm = None
     w = routed
     launch = skinny_linear.Launch.of(x, w.shape[0])
     weights, ids, constexprs = _routing(x.shape[0], w.shape[0], top_k, shared, x.device)
     operand = None if spec is None else quant_linear.DecodeOperand.empty(*x.shape, *spec,
                                                                          x.device)
     buffers, operand_options = skinny_linear.operand_args(x, operand)
-    _router_kernel[launch.grid](*launch.args(x, w, 1), *buffers, *launch.sizes(x, w), weights,
-                                ids, **operand_options, **constexprs,
-                                **skinny_linear.tile_options(x))
+    norm_buffers, norm_options = skinny_linear.norm_args(x, norm)
+    source = x if norm is None else norm.x
+    _router_kernel[launch.grid](*launch.args(source, w, 1), *buffers, *norm_buffers,
+                                *launch.sizes(source, w), weights, ids, **operand_options,
+                                **norm_options, **constexprs, **skinny_linear.tile_options(x))
     return weights, ids, operand
 
 
@@ -756,16 +766,22 @@ if triton is not None:
 
     @triton.jit
     def _router_kernel(x_ptr, w_ptr, part_ptr, counter_ptr, logits_ptr, xo_ptr, inv_ptr,
-                       xsum_ptr, M, N, K, stride_x, stride_w, split_len, weights_out, ids_out,
+                       xsum_ptr, h_ptr, nw_ptr, res_ptr, normed_ptr, stride_h, eps, M, N, K,
+                       stride_x, stride_w, split_len, weights_out, ids_out,
                        OPERAND: tl.constexpr, GROUP: tl.constexpr, HAS_SUM: tl.constexpr,
-                       TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr, BLOCK_E: tl.constexpr,
-                       SHARED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, GDC: tl.constexpr):
-        """The router's logits by ops.skinny_linear's kernel (`skinny_part`, and x's decode
-        operand with OPERAND), then the last row tile to be finished routes every token
-        (`_route_rows`) and zeroes its counter (the one after the row tiles')."""
-        if skinny_part(x_ptr, w_ptr, part_ptr, counter_ptr, logits_ptr, M, N, K, stride_x,
-                       stride_w, split_len, BM, BN, BK, GDC):
+                       NORM: tl.constexpr, HAS_H: tl.constexpr, NORM_ROWS: tl.constexpr,
+                       NORM_BD: tl.constexpr, TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr,
+                       BLOCK_E: tl.constexpr, SHARED: tl.constexpr, BM: tl.constexpr,
+                       BN: tl.constexpr, BK: tl.constexpr, GDC: tl.constexpr):
+        """The router's logits by ops.skinny_linear's kernel (`skinny_part`, with NORM its
+        prologue norm, and x's decode operand with OPERAND), then the last row tile to be
+        finished routes every token (`_route_rows`) and zeroes its counter (the one after the
+        row tiles')."""
+        last, rstd = skinny_part(x_ptr, w_ptr, part_ptr, counter_ptr, logits_ptr, h_ptr,
+                                 nw_ptr, res_ptr, normed_ptr, stride_h, eps, M, N, K, stride_x,
+                                 stride_w, split_len, NORM, HAS_H, NORM_ROWS, NORM_BD, BM, BN,
+                                 BK, GDC)
+        if last:
             tl.debug_barrier()  # the tile's logits are stored before the tiles count it
             tiles = tl.num_programs(0)
             if tl.atomic_add(counter_ptr + tiles, 1, sem="acq_rel") == tiles - 1:
@@ -773,7 +789,8 @@ if triton is not None:
                 _route_rows(logits_ptr, N, weights_out, ids_out, 0, M, N - SHARED, BM, TOP_K,
                             TOP_K_P2, BLOCK_E, SHARED)
         if OPERAND:
-            write_operand(x_ptr, stride_x, M, K, xo_ptr, inv_ptr, xsum_ptr, BM, GROUP, HAS_SUM)
+            write_operand(x_ptr, stride_x, h_ptr, stride_h, nw_ptr, rstd, M, K, xo_ptr,
+                          inv_ptr, xsum_ptr, BM, GROUP, HAS_SUM, NORM, HAS_H)
 
     @triton.jit
     def _count_pairs(flat_ids, lo, hi, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):

@@ -23,6 +23,8 @@ spreads them over programs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -93,6 +95,42 @@ def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: fl
         raise ValueError(f"add_rms_norm: x {tuple(x.shape)} and h {tuple(h.shape)} differ")
     residual, out = _launch_rms_norm(_rows(x), _rows(h), weight, eps, unit_offset)
     return residual.view(x.shape), out.view(x.shape)
+
+
+@dataclass(frozen=True)
+class DeferredNorm:
+    """`add_rms_norm(x, h, weight, eps)` of a decode step's rows (`rms_norm(x, weight, eps)`
+    with h None), its outputs allocated but not yet written: `residual` (x + h; x itself
+    with h None) and `out`. The op that first reads `out` runs it, in its own launch where
+    it can (ops.skinny_linear's prologue: GDN's in_proj_ba, the MoE router), else by `run`:
+    a decode step's norm kernel is one program, whose launch costs more than its work
+    (~1.1 us a norm in a 27B graph, docs/perf.md, thirty-first run)."""
+
+    x: torch.Tensor
+    h: torch.Tensor | None
+    weight: torch.Tensor
+    eps: float
+    residual: torch.Tensor
+    out: torch.Tensor
+
+    def run(self) -> None:
+        """Write residual and out by the norm kernel."""
+        _launch_rms_norm(_rows(self.x), None if self.h is None else _rows(self.h), self.weight,
+                         self.eps, True, None if self.h is None else _rows(self.residual),
+                         _rows(self.out))
+
+
+def defer_add_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor,
+                       eps: float) -> DeferredNorm | None:
+    """The `DeferredNorm` of x [M, H] (+ h) where the Triton kernels run it; else None."""
+    if x.dim() != 2 or not use_triton(x, weight, *([] if h is None else [h])):
+        return None
+    if h is not None and (h.shape != x.shape or h.dtype != x.dtype):
+        raise ValueError(f"add_rms_norm: x {tuple(x.shape)} {x.dtype}, h {tuple(h.shape)} "
+                         f"{h.dtype}")
+    residual = x if h is None else torch.empty_like(x, memory_format=torch.contiguous_format)
+    return DeferredNorm(x, h, weight, eps, residual,
+                        torch.empty_like(x, memory_format=torch.contiguous_format))
 
 
 def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
@@ -178,7 +216,7 @@ if triton is not None:
         return token.to(tl.int64) * stride_t + head.to(tl.int64) * stride_h
 
     @triton.jit
-    def inv_rms(x, D: tl.constexpr, eps):
+    def inv_rms(x, D, eps):
         """1 / rms over axis 1 of a fp32 tile whose padding columns hold zeros.
 
         The squares are summed in fp64: the order of a fp32 sum follows the tile's layout,
@@ -266,17 +304,23 @@ if triton is not None:
 
 
 def _launch_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float, unit_offset: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """x, h [T, heads, D] views -> (x + h or None, normed), both contiguous [T, heads, D]."""
+                     eps: float, unit_offset: bool, residual: torch.Tensor | None = None,
+                     out: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """x, h [T, heads, D] views -> (x + h or None, normed), both contiguous [T, heads, D]
+    (into `residual` and `out` where given)."""
     check_rows("rms_norm x", x)
     t, heads, d = x.shape
     assert weight.shape == (d,) and weight.is_contiguous(), f"rms_norm weight {weight.shape}"
-    residual = None
     if h is not None:
         check_rows("add_rms_norm h", h)
         assert h.shape == x.shape and h.dtype == x.dtype, f"add_rms_norm h {h.shape} {h.dtype}"
-        residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        if residual is None:
+            residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    assert all(t is None or (t.shape == x.shape and t.is_contiguous())
+               for t in (residual, out)), "rms_norm: contiguous outputs of x's shape"
     n_rows = t * heads
     if n_rows == 0:
         return residual, out

@@ -18,6 +18,14 @@ chain (as the GDN output norm spares out_proj's).
 
 On the H200 (docs/perf.md, fifth run) its tests pass and the 27B in_proj_ba at one row takes
 4.9 us against cuBLAS's 7.2 (5.4 against 7.3 at eight rows); 3.4 us since the tenth run.
+
+Both also read the output of the RMSNorm before them (the layer's input norm before in_proj_ba,
+the post-attention norm before the router), a launch of one program at decode. The kernel can
+run that norm in its prologue (`ops.norm.DeferredNorm`): every program computes its rows'
+1 / rms from the whole rows of x + h (a few KB from L2), normalises its own K split on the way
+into the dot, and the first row tile's programs store their splits of the residual and the
+normed rows; the operand groups are normalised as they are written. The bits are the norm
+kernel's (the squares summed in fp64, the same rounding points), and the product's.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import torch
 from ninfer_runtime.ops import quant_linear
 from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.ops.launch import options
+from ninfer_runtime.ops.norm import DeferredNorm
 
 try:
     import triton
@@ -42,6 +51,9 @@ _BN = 16  # weight rows per program
 _BK = 128  # inputs per K iteration
 _PROGRAMS_PER_SM = 2
 _MAX_SPLITS = 64  # never binding below K = 8192 at BK 128: K alone bounds the splits
+# the prologue norm holds its rows of x + h at once (next_pow2(M) x next_pow2(K), x and h:
+# 64 registers a thread at 4 warps); more rows run the norm kernel first
+_NORM_ELEMENTS = 8192
 
 
 def applies(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -104,6 +116,28 @@ def operand_args(x: torch.Tensor, operand: quant_linear.DecodeOperand | None
             {"OPERAND": True, "GROUP": operand.group, "HAS_SUM": operand.sums})
 
 
+def takes_norm(norm: DeferredNorm) -> bool:
+    """Whether the kernel can run `norm` in its prologue (its rows fit `_NORM_ELEMENTS`)."""
+    m, k = norm.x.shape
+    return (norm.x.stride(1) == 1 and (norm.h is None or norm.h.stride(1) == 1)
+            and triton.next_power_of_2(m) * triton.next_power_of_2(k) <= _NORM_ELEMENTS)
+
+
+def norm_args(x: torch.Tensor, norm: DeferredNorm | None) -> tuple[tuple, dict]:
+    """The prologue norm's arguments and constexprs (after the operand buffers) for the
+    kernels' input x [M, K]: `norm`'s input (x its output) or none."""
+    if norm is None:
+        return (x, x, x, x, 0, 0.0), {"NORM": False, "HAS_H": False, "NORM_ROWS": 1,
+                                      "NORM_BD": 1}
+    assert (x.data_ptr() == norm.out.data_ptr() and x.shape == norm.out.shape
+            and takes_norm(norm)), "skinny_linear: a norm it cannot run, or of another x"
+    h = norm.x if norm.h is None else norm.h
+    return ((h, norm.weight, norm.residual, norm.out, h.stride(0), norm.eps),
+            {"NORM": True, "HAS_H": norm.h is not None,
+             "NORM_ROWS": triton.next_power_of_2(x.shape[0]),
+             "NORM_BD": triton.next_power_of_2(x.shape[1])})
+
+
 def tile_options(x: torch.Tensor) -> dict:
     """The tile constexprs and launch options of the kernels for x [M, K]."""
     return {"BM": quant_linear.decode_rows(x.shape[0]), "BN": _BN, "BK": _BK, "num_warps": 4,
@@ -111,19 +145,25 @@ def tile_options(x: torch.Tensor) -> dict:
 
 
 def skinny_linear(x: torch.Tensor, w: torch.Tensor,
-                  operand: quant_linear.DecodeOperand | None = None) -> torch.Tensor:
+                  operand: quant_linear.DecodeOperand | None = None,
+                  norm: DeferredNorm | None = None) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T -> [M, N] in x.dtype, fp32 accumulation (as F.linear). With
     `operand` (unwritten buffers, `DecodeOperand.empty` of x's shape), the same launch writes
-    x's decode operand into it, the bits `quant_linear.activation_operands` would make."""
+    x's decode operand into it, the bits `quant_linear.activation_operands` would make. With
+    `norm` (x its output, `takes_norm`), the launch runs that norm first and writes x."""
     launch = Launch.of(x, w.shape[0])
     buffers, operand_options = operand_args(x, operand)
-    _skinny_kernel[launch.grid](*launch.args(x, w, 0), *buffers, *launch.sizes(x, w),
-                                **operand_options, **tile_options(x))
+    norm_buffers, norm_options = norm_args(x, norm)
+    source = x if norm is None else norm.x
+    _skinny_kernel[launch.grid](*launch.args(source, w, 0), *buffers, *norm_buffers,
+                                *launch.sizes(source, w), **operand_options, **norm_options,
+                                **tile_options(x))
     return launch.out
 
 
 if triton is not None:
     from ninfer_runtime.ops.launch import wait_for_inputs
+    from ninfer_runtime.ops.norm import inv_rms
     from ninfer_runtime.ops.quant_decode import store_operand
     from ninfer_runtime.ops.quant_linear import split_program, sum_parts
 
@@ -147,57 +187,139 @@ if triton is not None:
                        mask=(ks < k_hi)[:, None] & m_ok[None, :], other=0.0)
 
     @triton.jit
-    def write_operand(x_ptr, stride_x, M, K, xo_ptr, inv_ptr, xsum_ptr, BM: tl.constexpr,
-                      GROUP: tl.constexpr, HAS_SUM: tl.constexpr):
-        """x's decode operand, group g by the g-th program in launch order (`store_operand`,
-        as `activation_kernel` does it a row at a time: the same bits)."""
+    def _residual(x_ptrs, h_ptrs, mask, HAS_H: tl.constexpr):
+        """x + h at the pointers, rounded to x's dtype as the norm kernel's residual (x alone
+        without h)."""
+        x = tl.load(x_ptrs, mask=mask, other=0.0)
+        if HAS_H:
+            h = tl.load(h_ptrs, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + h.to(tl.float32)).to(x.dtype)
+        return x
+
+    @triton.jit
+    def _normed(r, rstd, w):
+        """The norm kernel's output of residual r at 1 / rms `rstd` and weight w (broadcast
+        to r): r * rstd * (1 + w) in fp32 (in that order), rounded to r's dtype."""
+        return (r.to(tl.float32) * rstd * (1.0 + w.to(tl.float32))).to(r.dtype)
+
+    @triton.jit
+    def _norm_rstd(x_ptr, stride_x, h_ptr, stride_h, M, K, eps, BM: tl.constexpr,
+                   HAS_H: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr):
+        """[BM] 1 / rms of rows x + h, the rows (ROWS, a power of two >= M) loaded at once."""
+        m = tl.arange(0, ROWS)
+        cols = tl.arange(0, BD)
+        r = _residual(x_ptr + m[:, None] * stride_x + cols[None, :],
+                      h_ptr + m[:, None] * stride_h + cols[None, :],
+                      (m < M)[:, None] & (cols < K)[None, :], HAS_H)
+        rstd = inv_rms(r.to(tl.float32), K, eps)
+        ms = tl.arange(0, BM)  # [ROWS] -> [BM] (ROWS <= BM), exact: one term a row
+        return tl.sum(tl.where(ms[:, None] == m[None, :], rstd[None, :], 0.0), axis=1)
+
+    @triton.jit
+    def _input_rows(x_ptr, stride_x, h_ptr, stride_h, nw_ptr, rstd, ms, m_ok, ks, k_ok,
+                    NORM: tl.constexpr, HAS_H: tl.constexpr):
+        """x[ms, ks] [BM, C], or with NORM the prologue norm's output there (x the norm's
+        input, + h, at 1 / rms `rstd` [BM]), and the residual x + h."""
+        mask = m_ok[:, None] & k_ok[None, :]
+        r = _residual(x_ptr + ms[:, None] * stride_x + ks[None, :],
+                      h_ptr + ms[:, None] * stride_h + ks[None, :], mask, HAS_H and NORM)
+        y = r
+        if NORM:
+            y = _normed(r, rstd[:, None], tl.load(nw_ptr + ks, mask=k_ok, other=0.0)[None, :])
+        return y, r
+
+    @triton.jit
+    def _dot_input(x_ptr, stride_x, h_ptr, stride_h, nw_ptr, res_ptr, normed_ptr, K, rstd,
+                   ms, m_ok, k0, k_hi, stored_rows, NORM: tl.constexpr, HAS_H: tl.constexpr,
+                   BK: tl.constexpr):
+        """The dot's input tile [BK, BM] at k0: x's (`_input_tile`), or the prologue norm's
+        output, whose first `stored_rows` rows (with their residual) the program writes to
+        normed_ptr (res_ptr)."""
+        if NORM:
+            ks = k0 + tl.arange(0, BK)
+            y, r = _input_rows(x_ptr, stride_x, h_ptr, stride_h, nw_ptr, rstd, ms, m_ok, ks,
+                               ks < k_hi, NORM, HAS_H)
+            dst = ms[:, None] * K + ks[None, :]
+            mask = (ms < stored_rows)[:, None] & (ks < k_hi)[None, :]
+            tl.store(normed_ptr + dst, y, mask=mask)
+            if HAS_H:
+                tl.store(res_ptr + dst, r, mask=mask)
+            tile = tl.trans(y)
+        else:
+            tile = _input_tile(x_ptr, stride_x, ms, m_ok, k0, k_hi, BK)
+        return tile
+
+    @triton.jit
+    def write_operand(x_ptr, stride_x, h_ptr, stride_h, nw_ptr, rstd, M, K, xo_ptr, inv_ptr,
+                      xsum_ptr, BM: tl.constexpr, GROUP: tl.constexpr, HAS_SUM: tl.constexpr,
+                      NORM: tl.constexpr, HAS_H: tl.constexpr):
+        """x's decode operand (with NORM: of the prologue norm's output), group g by the g-th
+        program in launch order (`store_operand`, as `activation_kernel` does it a row at a
+        time: the same bits)."""
         programs = tl.num_programs(0) * tl.num_programs(1)
         ms = tl.arange(0, BM)
         m_ok = ms < M
         for g in range(tl.program_id(1) * tl.num_programs(0) + tl.program_id(0),
                        tl.cdiv(K, GROUP), programs):
             ks = g * GROUP + tl.arange(0, GROUP)
-            x = tl.load(x_ptr + ms[:, None] * stride_x + ks[None, :],
-                        mask=m_ok[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
-            store_operand(x, ms, m_ok, g * GROUP, M, K, xo_ptr, inv_ptr, xsum_ptr, GROUP,
-                          HAS_SUM)
+            x, _ = _input_rows(x_ptr, stride_x, h_ptr, stride_h, nw_ptr, rstd, ms, m_ok, ks,
+                               ks < K, NORM, HAS_H)
+            store_operand(x.to(tl.float32), ms, m_ok, g * GROUP, M, K, xo_ptr, inv_ptr,
+                          xsum_ptr, GROUP, HAS_SUM)
 
     @triton.jit
-    def skinny_part(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, M, N, K, stride_x, stride_w,
-                    split_len, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    GDC: tl.constexpr):
+    def skinny_part(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, h_ptr, nw_ptr, res_ptr,
+                    normed_ptr, stride_h, eps, M, N, K, stride_x, stride_w, split_len,
+                    NORM: tl.constexpr, HAS_H: tl.constexpr, NORM_ROWS: tl.constexpr,
+                    NORM_BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                    BK: tl.constexpr, GDC: tl.constexpr):
         """This program's part of out: rows of tile pid 0 over K split pid 1 of
-        num_programs(1); whether it stored its tile's finished rows (the last part to arrive).
-        The first K tile of the weight (which no kernel of a step writes; most programs have
-        only one) is loaded before the wait for the inputs, so that its DRAM latency passes
-        while the predecessor still runs: 0.3-0.5 us a call on the H200 (docs/perf.md, tenth
-        run)."""
+        num_programs(1); whether it stored its tile's finished rows (the last part to arrive),
+        and with NORM its rows' 1 / rms (the prologue norm, module docstring; the first row
+        tile stores the norm's output and residual). The first K tile of the weight (which
+        no kernel of a step writes; most programs have only one) is loaded before the wait
+        for the inputs, so that its DRAM latency passes while the predecessor still runs:
+        0.3-0.5 us a call on the H200 (docs/perf.md, tenth run)."""
         tile, part, rows, row_ok, ms, m_ok, k_lo, k_hi = split_program(M, N, K, split_len, BM,
                                                                        BN)
         w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
         w = _weight_tile(w_rows, row_ok, k_lo, k_hi, BK)
         wait_for_inputs(GDC)
-        acc = tl.dot(w, _input_tile(x_ptr, stride_x, ms, m_ok, k_lo, k_hi, BK),
-                     tl.zeros((BN, BM), tl.float32))
+        rstd = tl.zeros((BM,), tl.float32)
+        if NORM:
+            rstd = _norm_rstd(x_ptr, stride_x, h_ptr, stride_h, M, K, eps, BM, HAS_H,
+                              NORM_ROWS, NORM_BD)
+        stored_rows = tl.where(tile == 0, M, 0)  # the first row tile stores the norm's rows
+        acc = tl.dot(w, _dot_input(x_ptr, stride_x, h_ptr, stride_h, nw_ptr, res_ptr,
+                                   normed_ptr, K, rstd, ms, m_ok, k_lo, k_hi, stored_rows, NORM,
+                                   HAS_H, BK), tl.zeros((BN, BM), tl.float32))
         for k0 in range(k_lo + BK, k_hi, BK):
             acc = tl.dot(_weight_tile(w_rows, row_ok, k0, k_hi, BK),
-                         _input_tile(x_ptr, stride_x, ms, m_ok, k0, k_hi, BK), acc)
+                         _dot_input(x_ptr, stride_x, h_ptr, stride_h, nw_ptr, res_ptr,
+                                    normed_ptr, K, rstd, ms, m_ok, k0, k_hi, stored_rows, NORM,
+                                    HAS_H,
+                                    BK), acc)
         mask = m_ok[:, None] & row_ok[None, :]
         offs = ms.to(tl.int64)[:, None] * N + rows[None, :]
         last, total = sum_parts(tl.trans(acc), part, tl.num_programs(1), part_ptr, offs, M * N,
                                 mask, counter_ptr + tile, _PARTS_IN_FLIGHT)
         if last:
             tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
-        return last
+        return last, rstd
 
     @triton.jit
     def _skinny_kernel(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, xo_ptr, inv_ptr,
-                       xsum_ptr, M, N, K, stride_x, stride_w, split_len, OPERAND: tl.constexpr,
-                       GROUP: tl.constexpr, HAS_SUM: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, BK: tl.constexpr, GDC: tl.constexpr):
+                       xsum_ptr, h_ptr, nw_ptr, res_ptr, normed_ptr, stride_h, eps, M, N, K,
+                       stride_x, stride_w, split_len, OPERAND: tl.constexpr,
+                       GROUP: tl.constexpr, HAS_SUM: tl.constexpr, NORM: tl.constexpr,
+                       HAS_H: tl.constexpr, NORM_ROWS: tl.constexpr, NORM_BD: tl.constexpr,
+                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                       GDC: tl.constexpr):
         """`skinny_part`; with OPERAND, the first programs then write x's decode operand
         (`write_operand`)."""
-        skinny_part(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, M, N, K, stride_x, stride_w,
-                    split_len, BM, BN, BK, GDC)
+        _, rstd = skinny_part(x_ptr, w_ptr, part_ptr, counter_ptr, out_ptr, h_ptr, nw_ptr,
+                              res_ptr, normed_ptr, stride_h, eps, M, N, K, stride_x, stride_w,
+                              split_len, NORM, HAS_H, NORM_ROWS, NORM_BD, BM, BN, BK, GDC)
         if OPERAND:
-            write_operand(x_ptr, stride_x, M, K, xo_ptr, inv_ptr, xsum_ptr, BM, GROUP, HAS_SUM)
+            write_operand(x_ptr, stride_x, h_ptr, stride_h, nw_ptr, rstd, M, K, xo_ptr,
+                          inv_ptr, xsum_ptr, BM, GROUP, HAS_SUM, NORM, HAS_H)
