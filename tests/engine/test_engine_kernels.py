@@ -201,27 +201,33 @@ def test_half_prompts_run_the_nvfp4_gemms_on_fp16_operands(quantized,
     torch.testing.assert_close(fp16, tiles, rtol=0, atol=2e-2 * tiles.abs().max().item())
 
 
-def test_norms_run_in_their_readers_launch(quantized, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Decode steps in half precision run the GDN input norms and the MoE post-attention
-    norms inside in_proj_ba's and the router's launches (ops.norm.DeferredNorm): the same
-    tokens as the norm kernel before them (the bits: tests/kernels, test_skinny_linear and
-    test_moe)."""
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_norms_run_in_their_readers_launch(quantized, monkeypatch: pytest.MonkeyPatch,
+                                           kind: str) -> None:
+    """Decode steps in half precision run a layer's norms inside the launches that read them
+    first (ops.norm.DeferredNorm: in_proj_ba's and the router's prologue, the decode GEMVs'
+    activation pass), no norm kernel of their own: the same tokens as with the norm kernel
+    before them (the bits: tests/kernels, test_skinny_linear, test_moe, test_linear)."""
     from ninfer_runtime.models import layers
-    from ninfer_runtime.ops import skinny_linear
+    from ninfer_runtime.ops import norm as norm_ops
+    from ninfer_runtime.ops import rms_math
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     half = torch.bfloat16 if device == "cuda" else torch.float16
-    loaded = load_artifact(quantized("moe", "nvfp4"), device, dtype=half)
+    loaded = load_artifact(quantized(kind, "nvfp4"), device, dtype=half)
     reqs = [request("r", prompt(6, 0), greedy(3))]
     config = {"kv_dtype": "int8", "prefill_chunk": 16, "max_context": 32,
               "max_concurrency": 1, "device": device}
     monkeypatch.setenv("NINFER_OPS", "triton")
-    fused = []
-    norm_args = skinny_linear.norm_args
-    monkeypatch.setattr(skinny_linear, "norm_args",
-                        lambda x, norm: fused.append(norm is not None) or norm_args(x, norm))
+    fused, ran = [], []
+    prologue_args, run = rms_math.prologue_args, norm_ops.DeferredNorm.run
+    for module in ("skinny_linear", "quant_linear"):
+        monkeypatch.setattr(f"ninfer_runtime.ops.{module}.prologue_args",
+                            lambda x, norm: fused.append(norm) or prologue_args(x, norm))
+    monkeypatch.setattr(norm_ops.DeferredNorm, "run",
+                        lambda norm: ran.append(norm.x.shape[0]) or run(norm))
     deferred = drain(engine(loaded, **config), reqs).tokens
-    assert any(fused)
+    assert any(fused) and 1 not in ran  # a decode step's norms ran in their readers
     monkeypatch.setattr(layers, "defer_add_rms_norm", lambda *args: None)
     fused.clear()
     assert drain(engine(loaded, **config), reqs).tokens == deferred

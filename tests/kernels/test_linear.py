@@ -28,7 +28,14 @@ from ninfer_runtime.ops.linear import (
     silu_mul_linear,
     swiglu_with_operand,
 )
-from ninfer_runtime.ops.norm import gated_rms_norm, gated_rms_norm_with_operand
+from ninfer_runtime.ops.norm import (
+    DeferredNorm,
+    add_rms_norm,
+    defer_add_rms_norm,
+    gated_rms_norm,
+    gated_rms_norm_with_operand,
+    rms_norm,
+)
 from ninfer_runtime.quant import PackedWeight, get_scheme
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -589,3 +596,39 @@ def test_tuned_decode_gives_the_reference(scheme: str, tmp_path: Path,
     x = rand(1, 512, dtype=HALF)
     check(linear(x, w), x, w)
     assert all(torch.equal(w.parts[r], p) for r, p in before.items())
+
+
+@pytest.mark.parametrize(("m", "residual"), [(1, True), (3, True), (2, False)])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_the_activation_pass_runs_the_norm_before_it(scheme: str, m: int, residual: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deferred norm (ops.norm.DeferredNorm) handed to a decode GEMV runs in its activation
+    pass, never as a launch of its own: the residual, the normed rows and the product are the
+    bits of the norm kernel, then the GEMV; through `linear`, `swiglu_with_operand` and
+    `mlp_decode` (a norm each: the first launch that reads it runs it)."""
+    run = DeferredNorm.run
+    ran = []
+    monkeypatch.setattr(DeferredNorm, "run", lambda norm: ran.append(norm) or run(norm))
+    k, inter = 640, 256
+    x, w = rand(m, k, dtype=HALF, seed=2) * 4, packed(scheme, 48, k, seed=3)
+    h = rand(m, k, dtype=HALF, seed=4) if residual else None
+    weight = rand(k, dtype=HALF, seed=5) * 0.1
+    if residual:
+        expect_x, normed = add_rms_norm(x, h, weight, 1e-6)
+    else:
+        expect_x, normed = x, rms_norm(x, weight, 1e-6)
+    norm = defer_add_rms_norm(x, h, weight, 1e-6)
+    assert torch.equal(linear(norm.out, w, norm=norm), linear(normed, w))
+    assert torch.equal(norm.out, normed) and torch.equal(norm.residual, expect_x)
+    gate_up, down = packed(scheme, 2 * inter, k, seed=6), packed(scheme, 96, inter, seed=7)
+    spec = (quant_linear.operand_group(down), quant_linear.needs_group_sums(down))
+    norm = defer_add_rms_norm(x, h, weight, 1e-6)
+    hidden, operand = swiglu_with_operand(norm.out, gate_up, spec, norm)
+    expect_hidden, expect_operand = swiglu_with_operand(normed, gate_up, spec)
+    assert torch.equal(norm.out, normed) and torch.equal(hidden, expect_hidden)
+    assert torch.equal(operand.xo, expect_operand.xo)
+    norm = defer_add_rms_norm(x, h, weight, 1e-6)
+    assert torch.equal(mlp_decode(norm.out, gate_up, down, norm), mlp_decode(normed, gate_up, down))
+    assert torch.equal(norm.out, normed) and torch.equal(norm.residual, expect_x)
+    assert not quant_linear.tile_counters(x.device, 1).any()
+    assert not ran

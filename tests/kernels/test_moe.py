@@ -25,7 +25,7 @@ from ninfer_runtime.ops.moe import (
     route,
     route_ref,
 )
-from ninfer_runtime.ops.norm import add_rms_norm, defer_add_rms_norm
+from ninfer_runtime.ops.norm import DeferredNorm, add_rms_norm, defer_add_rms_norm
 from ninfer_runtime.quant import PackedWeight, get_scheme
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -294,7 +294,8 @@ def test_the_router_hands_the_gate_up_stage_its_operand(scheme: str) -> None:
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 9])
-def test_the_router_runs_the_norm_before_it(tokens: int) -> None:
+def test_the_router_runs_the_norm_before_it(tokens: int,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Given the post-attention norm deferred (ops.norm.DeferredNorm), the router's launch
     runs it (up to 4 rows of this hidden size; 9 get the norm kernel first): the residual,
     the normed rows, the routing and the gate|up operand are the bits of the norm kernel
@@ -307,8 +308,12 @@ def test_the_router_runs_the_norm_before_it(tokens: int) -> None:
     residual, normed = add_rms_norm(x, h, weight, 1e-6)
     expect = moe.router(normed, w, 4, True, (128, True))
     norm = defer_add_rms_norm(x, h, weight, 1e-6)
+    run = DeferredNorm.run
+    ran = []
+    monkeypatch.setattr(DeferredNorm, "run", lambda norm: ran.append(norm) or run(norm))
     assert skinny_linear.takes_norm(norm) == (tokens <= 4)
     weights, ids, operand = moe.router(norm.out, w, 4, True, (128, True), norm=norm)
+    assert len(ran) == (tokens > 4)  # the norm kernel only where the prologue cannot
     assert torch.equal(norm.residual, residual) and torch.equal(norm.out, normed)
     assert torch.equal(ids, expect[1]) and torch.equal(weights, expect[0])
     assert torch.equal(operand.xo, expect[2].xo) and torch.equal(operand.inv, expect[2].inv)

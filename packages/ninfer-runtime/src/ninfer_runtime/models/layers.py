@@ -50,6 +50,7 @@ from ninfer_runtime.ops.norm import (
     gated_rms_norm,
     gated_rms_norm_with_operand,
     rms_norm,
+    run_deferred,
 )
 from ninfer_runtime.ops.quant_linear import DecodeOperand
 from ninfer_runtime.ops.rope import qk_norm_rope_store, rope_cos_sin
@@ -58,10 +59,13 @@ Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [N, rotary_dim]
 
 
 def gated_attention(x: torch.Tensor, w: AttentionWeights, kv: PagedKV, batch: StepBatch,
-                    rope: Rope, cfg: ModelConfig) -> torch.Tensor:
-    """Full attention with q/k RMSNorm, partial RoPE and a sigmoid output gate: [N, H]."""
+                    rope: Rope, cfg: ModelConfig, norm: DeferredNorm | None = None
+                    ) -> torch.Tensor:
+    """Full attention with q/k RMSNorm, partial RoPE and a sigmoid output gate: [N, H].
+    `norm`: the input norm whose output x is, not yet run (the q|k|v product runs it)."""
     n, nq, nkv, hd = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q_gate, k, v = linear(x, w.qkv_proj).split([2 * nq * hd, nkv * hd, nkv * hd], dim=-1)
+    q_gate, k, v = linear(x, w.qkv_proj, norm=norm).split([2 * nq * hd, nkv * hd, nkv * hd],
+                                                          dim=-1)
     q, gate = q_gate.reshape(n, nq, 2 * hd).chunk(2, dim=-1)  # per head: [q | gate]
     if ablated("rope", x):
         q = zeros("q", (n, nq, hd), x.dtype, x.device)
@@ -91,7 +95,7 @@ def gated_delta_net(x: torch.Tensor, w: GDNWeights, state: GDNSlots, batch: Step
     # in_proj_ba first: its kernel can write x's operand for in_proj_qkvz's decode GEMV
     spec = decode_operand_spec(x, w.in_proj_qkvz)
     if ablated("skinny", x):
-        _run(norm)
+        run_deferred(norm)
         ba, operand = zeros("ba", (n, 2 * nv), x.dtype, x.device), _ablated_operand(x, spec)
     else:
         ba, operand = linear_with_operand(x, w.in_proj_ba, spec, norm)
@@ -137,17 +141,18 @@ def _chunked_gdn(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, w: GDNWe
                                    g, beta, state.recurrent, cu_seqlens, slots)
 
 
-def mlp(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
+def mlp(x: torch.Tensor, w: MLPWeights, norm: DeferredNorm | None = None) -> torch.Tensor:
     """SwiGLU MLP: down(silu(gate(x)) * up(x)). At decode the gate|up GEMV can hand the SiLU
     product on as the down GEMV's operand (x stands in for that product's rows in the spec:
     the same rows, dtype and device); the two GEMVs run as one launch where they can
-    (`mlp_decode`)."""
-    out = mlp_decode(x, w.gate_up_proj, w.down_proj)
+    (`mlp_decode`). `norm`: the norm whose output x is, not yet run (gate|up's activation
+    pass runs it where it can)."""
+    out = mlp_decode(x, w.gate_up_proj, w.down_proj, norm)
     if out is not None:
         return out
-    fused = swiglu_with_operand(x, w.gate_up_proj, decode_operand_spec(x, w.down_proj))
+    fused = swiglu_with_operand(x, w.gate_up_proj, decode_operand_spec(x, w.down_proj), norm)
     if fused is None:
-        return silu_mul_linear(linear(x, w.gate_up_proj), w.down_proj)
+        return silu_mul_linear(linear(x, w.gate_up_proj, norm=norm), w.down_proj)
     hidden, operand = fused
     return linear(hidden, w.down_proj, operand)
 
@@ -163,17 +168,12 @@ def sparse_moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig,
     return moe_experts(x, w.experts_gate_up, w.experts_down, weights, ids, operand)
 
 
-def _run(norm: DeferredNorm | None) -> None:
-    if norm is not None:
-        norm.run()
-
-
-def _add_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float,
-              defer: bool) -> tuple[torch.Tensor, torch.Tensor, DeferredNorm | None]:
-    """(x + h, its RMSNorm, None) (x and its norm with h None); with `defer`, where the norm
-    can wait for the launch of its reader (ops.norm.DeferredNorm), the buffers it will
+def _add_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor, eps: float
+              ) -> tuple[torch.Tensor, torch.Tensor, DeferredNorm | None]:
+    """(x + h, its RMSNorm, None) (x and its norm with h None); where the norm can wait for
+    the launch of its reader (ops.norm.DeferredNorm: the Triton kernels), the buffers it will
     write and the norm itself, which the caller hands to that reader."""
-    norm = defer_add_rms_norm(x, h, weight, eps) if defer else None
+    norm = defer_add_rms_norm(x, h, weight, eps)
     if norm is not None:
         return norm.residual, norm.out, norm
     if h is None:
@@ -208,23 +208,22 @@ def decoder_layer(x: torch.Tensor, h: torch.Tensor | None, w: DecoderLayerWeight
     """
     eps = cfg.rms_norm_eps
     skip_norms = ablated("norm", x)
-    gdn = isinstance(w.mixer, GDNWeights)
+    # each norm is deferred to the first launch that reads it (ops.norm.DeferredNorm)
     if skip_norms:
         h, norm = x, None
-    else:  # GDN's in_proj_ba can run the norm in its launch
-        x, h, norm = _add_norm(x, h, w.input_layernorm, eps, defer=gdn)
-    if gdn:
+    else:
+        x, h, norm = _add_norm(x, h, w.input_layernorm, eps)
+    if isinstance(w.mixer, AttentionWeights):
+        assert isinstance(cache, PagedKV), "a full-attention layer needs a PagedKV cache"
+        h = gated_attention(h, w.mixer, cache, batch, rope, cfg, norm)
+    else:
         assert isinstance(cache, GDNSlots), "a GDN layer needs a GDNSlots cache"
         h = gated_delta_net(h, w.mixer, cache, batch, cfg, norm)
-    else:
-        assert isinstance(cache, PagedKV), "a full-attention layer needs a PagedKV cache"
-        h = gated_attention(h, w.mixer, cache, batch, rope, cfg)
-    moe = isinstance(w.mlp, MoEWeights)
     if skip_norms:
         h, norm = x, None
-    else:  # as can the MoE router
-        x, h, norm = _add_norm(x, h, w.post_attention_layernorm, eps, defer=moe)
-    h = sparse_moe(h, w.mlp, cfg, norm) if moe else mlp(h, w.mlp)
+    else:
+        x, h, norm = _add_norm(x, h, w.post_attention_layernorm, eps)
+    h = sparse_moe(h, w.mlp, cfg, norm) if isinstance(w.mlp, MoEWeights) else mlp(h, w.mlp, norm)
     return x, h
 
 

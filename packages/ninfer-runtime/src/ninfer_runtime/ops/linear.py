@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ninfer_runtime.ops import quant_linear, skinny_linear
 from ninfer_runtime.ops.activation import silu_and_mul
 from ninfer_runtime.ops.dispatch import use_triton
-from ninfer_runtime.ops.norm import DeferredNorm
+from ninfer_runtime.ops.norm import DeferredNorm, run_deferred
 from ninfer_runtime.quant import PackedWeight
 
 Weight = torch.Tensor | PackedWeight
@@ -33,19 +33,23 @@ def _packed_kernels(x: torch.Tensor, w: Weight) -> bool:
             and use_triton(x, *w.parts.values()))
 
 
-def linear(x: torch.Tensor, w: Weight,
-           operand: quant_linear.DecodeOperand | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: Weight, operand: quant_linear.DecodeOperand | None = None,
+           norm: DeferredNorm | None = None) -> torch.Tensor:
     """x [..., in] @ w[out, in]^T -> [..., out], in x.dtype (see `linear_ref`). operand: x's
-    decode operand, made with x by the norm that produced it (`decode_operand_spec`)."""
+    decode operand, made with x by the norm that produced it (`decode_operand_spec`). norm:
+    the norm whose output x is, not yet run: the product's first launch runs it where it
+    can (a skinny GEMV's prologue, the decode GEMV's activation pass), else it runs first."""
     rows = x.reshape(-1, x.shape[-1])
     if isinstance(w, torch.Tensor):
         if not skinny_linear.applies(rows, w):
+            run_deferred(norm)
             return F.linear(x, w)
-        out = skinny_linear.skinny_linear(rows, w)
+        out = skinny_linear.skinny_linear(rows, w, norm=norm)
     elif _packed_kernels(x, w):
         out = quant_linear.packed_linear(rows if rows.stride(-1) == 1 else rows.contiguous(), w,
-                                         operand=operand)
+                                         operand=operand, norm=norm)
     else:
+        run_deferred(norm)
         return linear_ref(x, w)
     return out.view(*x.shape[:-1], w.shape[0])
 
@@ -69,46 +73,44 @@ def linear_with_operand(x: torch.Tensor, w: Weight, spec: tuple[int, bool] | Non
     operand is None. `norm`: the norm whose output x is, not yet run; the same launch runs
     it where `skinny_linear` can, else it runs first."""
     rows = x.reshape(-1, x.shape[-1])
-    if not isinstance(w, torch.Tensor) or not skinny_linear.applies(rows, w):
-        if norm is not None:
-            norm.run()
-        return linear(x, w), None
-    if norm is not None and not skinny_linear.takes_norm(norm):
-        norm.run()
-        norm = None
-    operand = None if spec is None else quant_linear.DecodeOperand.empty(*rows.shape, *spec,
-                                                                         x.device)
+    if spec is None or not isinstance(w, torch.Tensor) or not skinny_linear.applies(rows, w):
+        return linear(x, w, norm=norm), None
+    operand = quant_linear.DecodeOperand.empty(*rows.shape, *spec, x.device)
     out = skinny_linear.skinny_linear(rows, w, operand, norm)
     return out.view(*x.shape[:-1], w.shape[0]), operand
 
 
-def swiglu_with_operand(x: torch.Tensor, w: Weight, spec: tuple[int, bool] | None
+def swiglu_with_operand(x: torch.Tensor, w: Weight, spec: tuple[int, bool] | None,
+                        norm: DeferredNorm | None = None
                         ) -> tuple[torch.Tensor, quant_linear.DecodeOperand] | None:
     """(silu_and_mul(linear(x, w)), its decode operand of `spec`) for a fused [gate | up]
-    weight w, from one launch of the decode GEMV (`quant_linear.swiglu_decode`), where w
-    takes that GEMV and `spec` is the down projection's (`decode_operand_spec`); else None
-    (the caller runs linear, then `silu_mul_linear`)."""
+    weight w, from one launch of the decode GEMV (`quant_linear.swiglu_decode`; its
+    activation pass runs `norm`, the norm whose output x is, not yet run), where w takes that
+    GEMV and `spec` is the down projection's (`decode_operand_spec`); else None (the caller
+    runs linear, then `silu_mul_linear`, and the norm)."""
     rows = x.reshape(-1, x.shape[-1])
     if (spec is None or rows.stride(-1) != 1 or not quant_linear.decodes(rows)
             or not _packed_kernels(x, w)):
         return None
-    fused = quant_linear.swiglu_decode(rows, w, spec)
+    fused = quant_linear.swiglu_decode(rows, w, spec, norm)
     if fused is None:
         return None
     hidden, operand = fused
     return hidden.view(*x.shape[:-1], hidden.shape[-1]), operand
 
 
-def mlp_decode(x: torch.Tensor, gate_up: Weight, down: Weight) -> torch.Tensor | None:
+def mlp_decode(x: torch.Tensor, gate_up: Weight, down: Weight,
+               norm: DeferredNorm | None = None) -> torch.Tensor | None:
     """linear(silu_and_mul(linear(x, gate_up)), down) for a decode step's rows, both GEMVs in
-    one launch (`quant_linear.mlp_decode`) where both weights take the decode GEMV (and
+    one launch (`quant_linear.mlp_decode`, after the activation pass that runs `norm`, the
+    norm whose output x is, not yet run) where both weights take the decode GEMV (and
     NINFER_MLP_BLOCK is not 0); else None (the caller runs `swiglu_with_operand`, then the
-    down GEMV)."""
+    down GEMV, and the norm)."""
     rows = x.reshape(-1, x.shape[-1])
     if (not quant_linear.MLP_BLOCK or rows.stride(-1) != 1 or not quant_linear.decodes(rows)
             or not _packed_kernels(x, gate_up) or not _packed_kernels(x, down)):
         return None
-    out = quant_linear.mlp_decode(rows, gate_up, down)
+    out = quant_linear.mlp_decode(rows, gate_up, down, norm)
     return None if out is None else out.view(*x.shape[:-1], out.shape[-1])
 
 

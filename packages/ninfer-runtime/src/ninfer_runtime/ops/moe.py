@@ -215,9 +215,7 @@ def router(x: torch.Tensor, w: torch.Tensor, top_k: int, shared: bool,
     the norm whose output x is, not yet run (the launch runs it where skinny_linear can)."""
     routed = w[:columns]
     if not (use_triton(x, w) and skinny_linear.applies(x, routed)):
-        if norm is not None:
-            norm.run()
-        return (*route(linear(x, w)[:, :columns], top_k, shared), None)
+        return (*route(linear(x, w, norm=norm)[:, :columns], top_k, shared), None)
     if norm is not None and not skinny_linear.takes_norm(norm):
         norm.run()
         norm = None

@@ -5,7 +5,7 @@ Each op has a torch reference (`*_ref`: the oracle, and what runs on CPU) and a 
 the public function picks one per call (ops.dispatch). The kernels do what the references do,
 rounding included: fp32 math, each intermediate the reference rounds to x.dtype rounded at the
 same point, so the two differ only in how the squares are summed (the kernels: in fp64,
-`inv_rms`).
+`rms_math.inv_rms`).
 
 A kernel program normalises a tile of rows [BLOCK_R, BLOCK_D]: one long row at H = 5120, many
 128-wide head rows in the GDN norm, so that every program moves a few KB and decode (a handful
@@ -102,7 +102,8 @@ class DeferredNorm:
     """`add_rms_norm(x, h, weight, eps)` of a decode step's rows (`rms_norm(x, weight, eps)`
     with h None), its outputs allocated but not yet written: `residual` (x + h; x itself
     with h None) and `out`. The op that first reads `out` runs it, in its own launch where
-    it can (ops.skinny_linear's prologue: GDN's in_proj_ba, the MoE router), else by `run`:
+    it can (the prologue of ops.skinny_linear's kernels, GDN's in_proj_ba and the MoE router;
+    the decode GEMV's activation pass, ops.quant_linear.activation_operands), else by `run`:
     a decode step's norm kernel is one program, whose launch costs more than its work
     (~1.1 us a norm in a 27B graph, docs/perf.md, thirty-first run)."""
 
@@ -118,6 +119,12 @@ class DeferredNorm:
         _launch_rms_norm(_rows(self.x), None if self.h is None else _rows(self.h), self.weight,
                          self.eps, True, None if self.h is None else _rows(self.residual),
                          _rows(self.out))
+
+
+def run_deferred(norm: DeferredNorm | None) -> None:
+    """Run `norm`, where there is one (its reader's launch cannot)."""
+    if norm is not None:
+        norm.run()
 
 
 def defer_add_rms_norm(x: torch.Tensor, h: torch.Tensor | None, weight: torch.Tensor,
@@ -208,24 +215,13 @@ def check_rows(name: str, t: torch.Tensor) -> None:
 if triton is not None:
     from ninfer_runtime.ops.launch import wait_for_inputs
     from ninfer_runtime.ops.quant_decode import store_operand
+    from ninfer_runtime.ops.rms_math import inv_rms
 
     @triton.jit
     def row_offsets(rows, heads, stride_t, stride_h):
         """Element offset of each flat row (token * heads + head) of a [T, heads, D] view."""
         token, head = rows // heads, rows % heads
         return token.to(tl.int64) * stride_t + head.to(tl.int64) * stride_h
-
-    @triton.jit
-    def inv_rms(x, D, eps):
-        """1 / rms over axis 1 of a fp32 tile whose padding columns hold zeros.
-
-        The squares are summed in fp64: the order of a fp32 sum follows the tile's layout,
-        which Triton picks per tile shape and warp count, so that the GDN norm's rows came
-        out in other bits when it also wrote the decode operand (a program per operand
-        group's heads) than without (a GPU-only difference: the interpreter sums in one
-        order). In fp64 the order reaches the fp32 result only at a rounding tie."""
-        xd = x.to(tl.float64)
-        return tl.rsqrt((tl.sum(xd * xd, axis=1) / D).to(tl.float32) + eps)
 
     # n_rows changes from step to step and only bounds the rows: no variant per value class
     # (== 1, divisible by 16, other), so the start-up compiles one where it compiled three

@@ -106,6 +106,7 @@ INT_PAIR_PTX = _int_pair_ptx()
 if triton is not None:
     from ninfer_runtime.ops.activation import silu_mul
     from ninfer_runtime.ops.launch import wait_for_inputs
+    from ninfer_runtime.ops.rms_math import normed, residual, rows_inv_rms
     _NV_PTX = tl.constexpr(NV_PAIR_PTX)
     _INT_PTX = tl.constexpr(INT_PAIR_PTX)
     _OUTS = tl.constexpr("=r,=r,=r,=r,=r,=r,=r,=r")
@@ -209,9 +210,10 @@ if triton is not None:
         return last
 
     @triton.jit
-    def activation_kernel(x_ptr, xo_ptr, inv_ptr, xsum_ptr, M, K, stride_x,
-                          GROUP: tl.constexpr, HAS_SUM: tl.constexpr, SWIGLU: tl.constexpr,
-                          GDC: tl.constexpr):
+    def activation_kernel(x_ptr, xo_ptr, inv_ptr, xsum_ptr, h_ptr, nw_ptr, res_ptr, normed_ptr,
+                          stride_h, eps, M, K, stride_x, GROUP: tl.constexpr,
+                          HAS_SUM: tl.constexpr, SWIGLU: tl.constexpr, NORM: tl.constexpr,
+                          HAS_H: tl.constexpr, NORM_BD: tl.constexpr, GDC: tl.constexpr):
         """Group g = program 1 of row r = program 0 of x [M, K] (bf16 or fp16), inputs
         [g * GROUP, (g + 1) * GROUP), as the decode kernels' fp16 operand, laid out by code
         position: xo [8, M, K/8] with xo[j, r, w] = x[r, 8w + j] * m, where the power of two
@@ -219,7 +221,10 @@ if triton is not None:
         2^-112: m = 2^126); inv[g, r] = 1 / m. With HAS_SUM, xsum[g, r] is the group's sum of
         the operand values (groupwise-int's zero-point term). With SWIGLU, x is [gate | up]
         [M, 2K] and the operand is silu_and_mul's output (the down projection's input), which
-        then never exists on its own.
+        then never exists on its own. With NORM, x is the input of the RMSNorm whose output
+        the operand is of (ops.norm.DeferredNorm, + h with HAS_H): the program takes its
+        row's 1 / rms from the whole row and stores its group of the norm's output and
+        residual too, the norm kernel's bits (ops.rms_math).
 
         A group is one K tile of the decode kernel, which undoes its scale per tile: no
         row-wide reduction, so a row is prepared by K / GROUP programs side by side, and the
@@ -228,12 +233,23 @@ if triton is not None:
         wait_for_inputs(GDC)
         row = tl.program_id(0)
         group = tl.program_id(1)
+        rows = row + tl.arange(0, 1)
         ks = group * GROUP + tl.arange(0, GROUP)
         src = x_ptr + row.to(tl.int64) * stride_x + ks
-        x = tl.load(src, mask=ks < K, other=0.0).to(tl.float32)
-        if SWIGLU:
-            up = tl.load(src + K, mask=ks < K, other=0.0).to(tl.float32)
-            x = silu_mul(x, up, x_ptr.dtype.element_ty).to(tl.float32)
-        rows = row + tl.arange(0, 1)
+        if NORM:
+            rstd = rows_inv_rms(x_ptr, stride_x, h_ptr, stride_h, rows, rows < M, K, eps,
+                                HAS_H, NORM_BD)
+            r = residual(src, h_ptr + row.to(tl.int64) * stride_h + ks, ks < K, HAS_H)
+            y = normed(r, rstd, tl.load(nw_ptr + ks, mask=ks < K, other=0.0))
+            dst = row.to(tl.int64) * K + ks
+            tl.store(normed_ptr + dst, y, mask=ks < K)
+            if HAS_H:
+                tl.store(res_ptr + dst, r, mask=ks < K)
+            x = y.to(tl.float32)
+        else:
+            x = tl.load(src, mask=ks < K, other=0.0).to(tl.float32)
+            if SWIGLU:
+                up = tl.load(src + K, mask=ks < K, other=0.0).to(tl.float32)
+                x = silu_mul(x, up, x_ptr.dtype.element_ty).to(tl.float32)
         store_operand(x[None, :], rows, rows < M, group * GROUP, M, K, xo_ptr, inv_ptr, xsum_ptr,
                       GROUP, HAS_SUM)

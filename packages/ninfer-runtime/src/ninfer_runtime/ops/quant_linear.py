@@ -82,6 +82,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -92,7 +93,11 @@ from ninfer_runtime.ops.compile_ahead import compile_candidates, launch
 from ninfer_runtime.ops.dispatch import INTERPRET
 from ninfer_runtime.ops.launch import dot_precision, l2_prefetch, options
 from ninfer_runtime.ops.quant_decode import INT_F16_BIAS, NV_F16_EXP
+from ninfer_runtime.ops.rms_math import prologue_args
 from ninfer_runtime.quant import PackedWeight
+
+if TYPE_CHECKING:
+    from ninfer_runtime.ops.norm import DeferredNorm
 
 try:
     import triton
@@ -269,8 +274,8 @@ def operand_buffers(operand: DecodeOperand | None, unused: torch.Tensor) -> tupl
 
 
 def operand_group(w: PackedWeight) -> int:
-    """The decode K tile, which the activation operand is scaled in groups of, for w's
-    scheme (`_OPERAND_GROUPS`)."""
+    """The inputs the activation operand of w's scheme is scaled in groups of
+    (`_OPERAND_GROUPS`)."""
     return _OPERAND_GROUPS[LAYOUTS[w.scheme.name].scheme]
 
 
@@ -280,18 +285,25 @@ def needs_group_sums(w: PackedWeight) -> bool:
 
 
 def packed_linear(x: torch.Tensor, w: PackedWeight, swiglu: bool = False,
-                  operand: DecodeOperand | None = None) -> torch.Tensor:
+                  operand: DecodeOperand | None = None, norm: DeferredNorm | None = None
+                  ) -> torch.Tensor:
     """x [M, K] @ dequantize(w)^T -> [M, N] in x.dtype, fp32 accumulation, by the kernels.
     swiglu (decode only): x is [gate | up] [M, 2K] and silu_and_mul(x) is multiplied, the SiLU
     applied in the decode kernel's activation pass. operand (decode only): x's decode operand,
-    already made (`DecodeOperand`)."""
+    already made (`DecodeOperand`). norm: the norm whose output x is, not yet run: at decode
+    the activation pass runs it (`activation_operands`), else it runs first."""
     ops = _operands(w)
     n, k = w.shape
     assert x.dim() == 2 and x.shape[1] == k * (1 + swiglu) and x.stride(1) == 1, \
         f"packed_linear: x {tuple(x.shape)} stride {x.stride()} vs weight {tuple(w.shape)}"
     assert not swiglu or decodes(x), "packed_linear: swiglu is for the decode kernel"
+    assert norm is None or (operand is None and not swiglu), "packed_linear: a norm and operand"
     m = x.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if norm is not None and (m == 0 or not decodes(x)):
+        norm.run()
+    elif norm is not None:
+        operand = _normed_operand(x, w, norm)
     if m == 0:
         return out
     if decodes(x):
@@ -504,14 +516,16 @@ def decode_candidates(n: int, k: int, scheme: int, device: torch.device) -> list
     return plans
 
 
-def swiglu_decode(x: torch.Tensor, w: PackedWeight, spec: tuple[int, bool]
+def swiglu_decode(x: torch.Tensor, w: PackedWeight, spec: tuple[int, bool],
+                  norm: DeferredNorm | None = None
                   ) -> tuple[torch.Tensor, DecodeOperand] | None:
     """silu_and_mul(x @ dequantize(w)^T) for a decode step's x [M, K] and a fused [gate | up]
     weight w [2I, K], and its decode operand of `spec` (group, sums: the down projection's)
     from the same launch: a program pairs BN/2 gate rows with their BN/2 up rows, stores
     their SiLU product, and the last column tile of each operand group to be stored writes
     that group (`_hand_on_swiglu`). The down GEMV then runs no activation pass. None where
-    the tuned tile cannot pair whole groups (the caller takes linear, then silu_mul_linear)."""
+    the tuned tile cannot pair whole groups (the caller takes linear, then silu_mul_linear,
+    and runs `norm`, the norm whose output x is, which the activation pass runs here)."""
     ops = _operands(w)
     n, k = w.shape
     assert decodes(x) and x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1 and n % 2 == 0
@@ -522,8 +536,18 @@ def swiglu_decode(x: torch.Tensor, w: PackedWeight, spec: tuple[int, bool]
         return None
     hidden = torch.empty((m, inter), dtype=x.dtype, device=x.device)
     operand = DecodeOperand.empty(m, inter, *spec, x.device)
-    _run_decode(x, ops, out, plan, hand_on=(hidden, operand))
+    _run_decode(x, ops, out, plan, operand=_normed_operand(x, w, norm),
+                hand_on=(hidden, operand))
     return hidden, operand
+
+
+def _normed_operand(x: torch.Tensor, w: PackedWeight, norm: DeferredNorm | None
+                    ) -> DecodeOperand | None:
+    """x's decode operand for w, made by the activation pass that runs `norm` (x its output);
+    None without a norm (the decode launch makes its own)."""
+    if norm is None:
+        return None
+    return activation_operands(x, operand_group(w), needs_group_sums(w), norm=norm)
 
 
 def _hands_on(plan: DecodePlan, group: int) -> bool:
@@ -532,8 +556,8 @@ def _hands_on(plan: DecodePlan, group: int) -> bool:
     return group % (plan.config.bn // 2) == 0
 
 
-def mlp_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight
-               ) -> torch.Tensor | None:
+def mlp_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight,
+               norm: DeferredNorm | None = None) -> torch.Tensor | None:
     """down(silu_and_mul(x @ gate_up^T)) for a decode step's x [M, H], a fused [gate | up]
     weight [2I, H] and down [H, I]: both GEMVs in one launch (`_mlp_block_kernel`). The
     gate|up items hand the SiLU product's operand on as `swiglu_decode` does, and a down
@@ -542,7 +566,8 @@ def mlp_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight
     of `swiglu_decode` then the down GEMV. gate|up takes its own tuned plan, down the fastest
     of its candidates that launch as that one does (warps, pipeline stages: a launch has one
     of each), tuned under a key of its own. None where the hand-on does not fit the gate|up
-    tile or no down candidate launches so: the caller runs the two launches."""
+    tile or no down candidate launches so: the caller runs the two launches (and `norm`,
+    the norm whose output x is, not yet run, which the gate|up activation pass runs here)."""
     gops, dops = _operands(gate_up), _operands(down)
     n, k = gate_up.shape
     h, inter = down.shape
@@ -563,7 +588,8 @@ def mlp_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight
         return None
     operand = DecodeOperand.empty(m, inter, group, needs_group_sums(down), x.device)
     pool = tile_counters(x.device, 0)
-    g_grid, g_args, g_kw, used = _decode_args(x, gops, gate_up_out, gplan, False, None,
+    g_grid, g_args, g_kw, used = _decode_args(x, gops, gate_up_out, gplan, False,
+                                              _normed_operand(x, gate_up, norm),
                                               (hidden, operand), pool)
     d_grid, d_args, d_kw, d_used = _decode_args(hidden, dops, out, dplan, False, operand,
                                                 None, pool[used:])
@@ -717,19 +743,28 @@ def _l2_bytes(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).L2_cache_size
 
 
-def activation_operands(x: torch.Tensor, group: int, group_sums: bool, swiglu: bool = False
-                        ) -> DecodeOperand:
+def activation_operands(x: torch.Tensor, group: int, group_sums: bool, swiglu: bool = False,
+                        norm: DeferredNorm | None = None) -> DecodeOperand:
     """xo, inv, xsum of `quant_decode.activation_kernel` for x [M, K] (swiglu: [gate | up]
     [M, 2K], silu_and_mul's input) in groups of `group` inputs (the decode K tile): the decode
     kernels' fp16 operand by code position, 1 / each group's scale [K / group, M] and, with
-    `group_sums` (groupwise-int weights), each group's operand sum [K / group, M]."""
+    `group_sums` (groupwise-int weights), each group's operand sum [K / group, M]. `norm`:
+    the norm whose output x is, not yet run: the same launch runs it (writes x)."""
     m, k = x.shape[0], x.shape[1] // (1 + swiglu)
+    assert norm is None or not swiglu, "activation_operands: a norm's output is no SwiGLU input"
     if ablated("act", x):
+        if norm is not None:
+            norm.run()
         return DecodeOperand.ablated(m, k, group, group_sums, x.device)
     op = DecodeOperand.empty(m, k, group, group_sums, x.device)
+    norm_args, norm_constexprs = prologue_args(x, norm)
+    source = x if norm is None else norm.x
+    # a norm's program loads its row whole: a thread holds 32 of its inputs, not all 160
+    warps = max(1, group // 128, norm_constexprs["NORM_BD"] // 1024)
     activation_kernel[(m, op.inv.shape[0])](
-        x, op.xo, op.inv, op.xsum, m, k, x.stride(0), GROUP=group, HAS_SUM=group_sums,
-        SWIGLU=swiglu, num_warps=max(1, group // 128), **options(x.device))
+        source, op.xo, op.inv, op.xsum, *norm_args, m, k, source.stride(0), GROUP=group,
+        HAS_SUM=group_sums, SWIGLU=swiglu, **norm_constexprs, num_warps=warps,
+        **options(x.device))
     return op
 
 

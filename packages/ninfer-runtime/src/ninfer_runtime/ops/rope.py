@@ -33,7 +33,8 @@ try:
     import triton
     import triton.language as tl
 
-    from ninfer_runtime.ops.norm import inv_rms, row_offsets
+    from ninfer_runtime.ops.norm import row_offsets
+    from ninfer_runtime.ops.rms_math import inv_rms
 except ImportError:  # CPU-only install: the references still run
     triton = None
 

@@ -38,6 +38,7 @@ from ninfer_runtime.ops import quant_linear
 from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.ops.launch import options
 from ninfer_runtime.ops.norm import DeferredNorm
+from ninfer_runtime.ops.rms_math import prologue_args
 
 try:
     import triton
@@ -124,18 +125,12 @@ def takes_norm(norm: DeferredNorm) -> bool:
 
 
 def norm_args(x: torch.Tensor, norm: DeferredNorm | None) -> tuple[tuple, dict]:
-    """The prologue norm's arguments and constexprs (after the operand buffers) for the
-    kernels' input x [M, K]: `norm`'s input (x its output) or none."""
-    if norm is None:
-        return (x, x, x, x, 0, 0.0), {"NORM": False, "HAS_H": False, "NORM_ROWS": 1,
-                                      "NORM_BD": 1}
-    assert (x.data_ptr() == norm.out.data_ptr() and x.shape == norm.out.shape
-            and takes_norm(norm)), "skinny_linear: a norm it cannot run, or of another x"
-    h = norm.x if norm.h is None else norm.h
-    return ((h, norm.weight, norm.residual, norm.out, h.stride(0), norm.eps),
-            {"NORM": True, "HAS_H": norm.h is not None,
-             "NORM_ROWS": triton.next_power_of_2(x.shape[0]),
-             "NORM_BD": triton.next_power_of_2(x.shape[1])})
+    """`rms_math.prologue_args` for the kernels' input x [M, K], with the rows the prologue
+    loads at once (NORM_ROWS)."""
+    assert norm is None or takes_norm(norm), "skinny_linear: a norm it cannot run"
+    args, constexprs = prologue_args(x, norm)
+    rows = 1 if norm is None else triton.next_power_of_2(x.shape[0])
+    return args, {**constexprs, "NORM_ROWS": rows}
 
 
 def tile_options(x: torch.Tensor) -> dict:
@@ -150,7 +145,11 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor,
     """x [M, K] @ w [N, K]^T -> [M, N] in x.dtype, fp32 accumulation (as F.linear). With
     `operand` (unwritten buffers, `DecodeOperand.empty` of x's shape), the same launch writes
     x's decode operand into it, the bits `quant_linear.activation_operands` would make. With
-    `norm` (x its output, `takes_norm`), the launch runs that norm first and writes x."""
+    `norm` (the norm whose output x is, not yet run), the launch runs it first where its
+    prologue can (`takes_norm`); else the norm kernel runs before it."""
+    if norm is not None and not takes_norm(norm):
+        norm.run()
+        norm = None
     launch = Launch.of(x, w.shape[0])
     buffers, operand_options = operand_args(x, operand)
     norm_buffers, norm_options = norm_args(x, norm)
@@ -163,9 +162,9 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor,
 
 if triton is not None:
     from ninfer_runtime.ops.launch import wait_for_inputs
-    from ninfer_runtime.ops.norm import inv_rms
     from ninfer_runtime.ops.quant_decode import store_operand
     from ninfer_runtime.ops.quant_linear import split_program, sum_parts
+    from ninfer_runtime.ops.rms_math import normed, residual, rows_inv_rms
 
     # K parts the last program of a row tile loads at once (`quant_linear.sum_parts`): a part
     # is [BM, BN] = at most 16 x 16 fp32, 2 registers a thread, so the 27B in_proj_ba's 40
@@ -187,45 +186,16 @@ if triton is not None:
                        mask=(ks < k_hi)[:, None] & m_ok[None, :], other=0.0)
 
     @triton.jit
-    def _residual(x_ptrs, h_ptrs, mask, HAS_H: tl.constexpr):
-        """x + h at the pointers, rounded to x's dtype as the norm kernel's residual (x alone
-        without h)."""
-        x = tl.load(x_ptrs, mask=mask, other=0.0)
-        if HAS_H:
-            h = tl.load(h_ptrs, mask=mask, other=0.0)
-            x = (x.to(tl.float32) + h.to(tl.float32)).to(x.dtype)
-        return x
-
-    @triton.jit
-    def _normed(r, rstd, w):
-        """The norm kernel's output of residual r at 1 / rms `rstd` and weight w (broadcast
-        to r): r * rstd * (1 + w) in fp32 (in that order), rounded to r's dtype."""
-        return (r.to(tl.float32) * rstd * (1.0 + w.to(tl.float32))).to(r.dtype)
-
-    @triton.jit
-    def _norm_rstd(x_ptr, stride_x, h_ptr, stride_h, M, K, eps, BM: tl.constexpr,
-                   HAS_H: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr):
-        """[BM] 1 / rms of rows x + h, the rows (ROWS, a power of two >= M) loaded at once."""
-        m = tl.arange(0, ROWS)
-        cols = tl.arange(0, BD)
-        r = _residual(x_ptr + m[:, None] * stride_x + cols[None, :],
-                      h_ptr + m[:, None] * stride_h + cols[None, :],
-                      (m < M)[:, None] & (cols < K)[None, :], HAS_H)
-        rstd = inv_rms(r.to(tl.float32), K, eps)
-        ms = tl.arange(0, BM)  # [ROWS] -> [BM] (ROWS <= BM), exact: one term a row
-        return tl.sum(tl.where(ms[:, None] == m[None, :], rstd[None, :], 0.0), axis=1)
-
-    @triton.jit
     def _input_rows(x_ptr, stride_x, h_ptr, stride_h, nw_ptr, rstd, ms, m_ok, ks, k_ok,
                     NORM: tl.constexpr, HAS_H: tl.constexpr):
         """x[ms, ks] [BM, C], or with NORM the prologue norm's output there (x the norm's
         input, + h, at 1 / rms `rstd` [BM]), and the residual x + h."""
         mask = m_ok[:, None] & k_ok[None, :]
-        r = _residual(x_ptr + ms[:, None] * stride_x + ks[None, :],
-                      h_ptr + ms[:, None] * stride_h + ks[None, :], mask, HAS_H and NORM)
+        r = residual(x_ptr + ms[:, None] * stride_x + ks[None, :],
+                     h_ptr + ms[:, None] * stride_h + ks[None, :], mask, HAS_H and NORM)
         y = r
         if NORM:
-            y = _normed(r, rstd[:, None], tl.load(nw_ptr + ks, mask=k_ok, other=0.0)[None, :])
+            y = normed(r, rstd[:, None], tl.load(nw_ptr + ks, mask=k_ok, other=0.0)[None, :])
         return y, r
 
     @triton.jit
@@ -286,9 +256,11 @@ if triton is not None:
         w = _weight_tile(w_rows, row_ok, k_lo, k_hi, BK)
         wait_for_inputs(GDC)
         rstd = tl.zeros((BM,), tl.float32)
-        if NORM:
-            rstd = _norm_rstd(x_ptr, stride_x, h_ptr, stride_h, M, K, eps, BM, HAS_H,
-                              NORM_ROWS, NORM_BD)
+        if NORM:  # the rows at once (NORM_ROWS, a power of two >= M), then as [BM]
+            m = tl.arange(0, NORM_ROWS)
+            rows_rstd = rows_inv_rms(x_ptr, stride_x, h_ptr, stride_h, m, m < M, K, eps, HAS_H,
+                                     NORM_BD)
+            rstd = tl.sum(tl.where(ms[:, None] == m[None, :], rows_rstd[None, :], 0.0), axis=1)
         stored_rows = tl.where(tile == 0, M, 0)  # the first row tile stores the norm's rows
         acc = tl.dot(w, _dot_input(x_ptr, stride_x, h_ptr, stride_h, nw_ptr, res_ptr,
                                    normed_ptr, K, rstd, ms, m_ok, k_lo, k_hi, stored_rows, NORM,
