@@ -759,8 +759,9 @@ def activation_operands(x: torch.Tensor, group: int, group_sums: bool, swiglu: b
     op = DecodeOperand.empty(m, k, group, group_sums, x.device)
     norm_args, norm_constexprs = prologue_args(x, norm)
     source = x if norm is None else norm.x
-    # a norm's program loads its row whole: a thread holds 32 of its inputs, not all 160
-    warps = max(1, group // 128, norm_constexprs["NORM_BD"] // 1024)
+    # a norm's program loads its row whole: up to 4 warps, a thread holding 64 inputs of
+    # the 27B's (sm_90: 50 registers; 8 warps took groupwise-int's to 210)
+    warps = max(1, group // 128, min(4, norm_constexprs["NORM_BD"] // 2048))
     activation_kernel[(m, op.inv.shape[0])](
         source, op.xo, op.inv, op.xsum, *norm_args, m, k, source.stride(0), GROUP=group,
         HAS_SUM=group_sums, SWIGLU=swiglu, **norm_constexprs, num_warps=warps,
