@@ -15,7 +15,7 @@ from ninfer_runtime.models.loading import LoadedModel
 from ninfer_runtime.ops import ablation
 
 # the layer-level op each ablation skips (act is the GEMV's activation pass: kernels only)
-SPIED = {"norm": ("rms_norm", "add_rms_norm"), "skinny": ("linear_with_operand",),
+SPIED = {"norm": ("_add_norm",), "skinny": ("linear_with_operand",),
          "gdn": ("gdn_decode_norm",), "rope": ("qk_norm_rope_store",),
          "attn": ("paged_attention_with_operand",)}
 
