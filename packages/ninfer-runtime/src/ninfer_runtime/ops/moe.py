@@ -216,17 +216,13 @@ def router(x: torch.Tensor, w: torch.Tensor, top_k: int, shared: bool,
     routed = w[:columns]
     if not (use_triton(x, w) and skinny_linear.applies(x, routed)):
         return (*route(linear(x, w, norm=norm)[:, :columns], top_k, shared), None)
-    if norm is not None and not skinny_linear.takes_norm(norm):
-        norm.run()
-        norm = None
     w = routed
     launch = skinny_linear.Launch.of(x, w.shape[0])
     weights, ids, constexprs = _routing(x.shape[0], w.shape[0], top_k, shared, x.device)
     operand = None if spec is None else quant_linear.DecodeOperand.empty(*x.shape, *spec,
                                                                          x.device)
     buffers, operand_options = skinny_linear.operand_args(x, operand)
-    norm_buffers, norm_options = skinny_linear.norm_args(x, norm)
-    source = x if norm is None else norm.x
+    source, norm_buffers, norm_options = skinny_linear.norm_args(x, norm)
     _router_kernel[launch.grid](*launch.args(source, w, 1), *buffers, *norm_buffers,
                                 *launch.sizes(source, w), weights, ids, **operand_options,
                                 **norm_options, **constexprs, **skinny_linear.tile_options(x))

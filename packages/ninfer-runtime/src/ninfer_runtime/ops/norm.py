@@ -215,7 +215,7 @@ def check_rows(name: str, t: torch.Tensor) -> None:
 if triton is not None:
     from ninfer_runtime.ops.launch import wait_for_inputs
     from ninfer_runtime.ops.quant_decode import store_operand
-    from ninfer_runtime.ops.rms_math import inv_rms
+    from ninfer_runtime.ops.rms_math import inv_rms, normed, residual
 
     @triton.jit
     def row_offsets(rows, heads, stride_t, stride_h):
@@ -235,19 +235,14 @@ if triton is not None:
         cols = tl.arange(0, BLOCK_D)
         mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
         dst = rows.to(tl.int64)[:, None] * D + cols[None, :]
-        x = tl.load(x_ptr + row_offsets(rows, heads, x_st, x_sh)[:, None] + cols[None, :],
-                    mask=mask, other=0.0).to(tl.float32)
+        r = residual(x_ptr + row_offsets(rows, heads, x_st, x_sh)[:, None] + cols[None, :],
+                     h_ptr + row_offsets(rows, heads, h_st, h_sh)[:, None] + cols[None, :],
+                     mask, HAS_RESIDUAL)
         if HAS_RESIDUAL:
-            h = tl.load(h_ptr + row_offsets(rows, heads, h_st, h_sh)[:, None] + cols[None, :],
-                        mask=mask, other=0.0)
-            x = (x + h.to(tl.float32)).to(res_ptr.dtype.element_ty)  # the stream's dtype
-            tl.store(res_ptr + dst, x, mask=mask)
-            x = x.to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-        if UNIT_OFFSET:
-            w = 1.0 + w
-        y = x * inv_rms(x, D, eps)[:, None] * w[None, :]
-        tl.store(out_ptr + dst, y.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(res_ptr + dst, r, mask=mask)
+        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
+        y = normed(r, inv_rms(r.to(tl.float32), D, eps)[:, None], w[None, :], UNIT_OFFSET)
+        tl.store(out_ptr + dst, y, mask=mask)
 
     # not inlined: in the GDN decode kernel's epilogue (ops.gdn), inlined, its operand code
     # took that kernel from 168 to 210 registers a thread at BV 16 (sm_90, Triton 3.6): 2

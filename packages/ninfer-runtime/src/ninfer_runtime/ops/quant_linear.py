@@ -757,8 +757,7 @@ def activation_operands(x: torch.Tensor, group: int, group_sums: bool, swiglu: b
             norm.run()
         return DecodeOperand.ablated(m, k, group, group_sums, x.device)
     op = DecodeOperand.empty(m, k, group, group_sums, x.device)
-    norm_args, norm_constexprs = prologue_args(x, norm)
-    source = x if norm is None else norm.x
+    source, norm_args, norm_constexprs = prologue_args(x, norm)
     # a norm's program loads its row whole: up to 4 warps, a thread holding 64 inputs of
     # the 27B's (sm_90: 50 registers; 8 warps took groupwise-int's to 210)
     warps = max(1, group // 128, min(4, norm_constexprs["NORM_BD"] // 2048))

@@ -1,7 +1,8 @@
 """The RMSNorm's arithmetic as Triton helpers, one definition for every kernel that normalises:
 the norm kernels (ops.norm), q/k norm (ops.rope), and the kernels that run a deferred norm
 (ops.norm.DeferredNorm) in their prologue (ops.skinny_linear, the activation pass of
-ops.quant_decode), so that each gives the norm kernel's bits."""
+ops.quant_decode), so that each gives the norm kernel's bits; and the launch arguments of
+such a prologue (`prologue_args`)."""
 
 from __future__ import annotations
 
@@ -19,18 +20,21 @@ except ImportError:  # CPU-only install: the references run instead
     triton = None
 
 
-def prologue_args(x: torch.Tensor, norm: DeferredNorm | None) -> tuple[tuple, dict]:
-    """The arguments (h, the norm's weight, residual and output, h's row stride, eps) and
-    constexprs (NORM, HAS_H, NORM_BD) of a kernel that runs `norm` in its prologue for its
-    input x [M, K], the norm's output; without a norm, placeholders."""
+def prologue_args(x: torch.Tensor, norm: DeferredNorm | None
+                  ) -> tuple[torch.Tensor, tuple, dict]:
+    """For a kernel that runs `norm` in its prologue, its input x [M, K] being the norm's
+    output: the tensor it reads (the norm's input), the norm's arguments (h, weight,
+    residual and output, h's row stride, eps) and constexprs (NORM, HAS_H, NORM_BD); without
+    a norm, x and placeholders."""
     if norm is None:
-        return (x, x, x, x, 0, 0.0), {"NORM": False, "HAS_H": False, "NORM_BD": 1}
+        return x, (x, x, x, x, 0, 0.0), {"NORM": False, "HAS_H": False, "NORM_BD": 1}
     assert x.data_ptr() == norm.out.data_ptr() and x.shape == norm.out.shape, \
         "a deferred norm of another input"
     h = norm.x if norm.h is None else norm.h
-    return ((h, norm.weight, norm.residual, norm.out, h.stride(0), norm.eps),
+    return (norm.x, (h, norm.weight, norm.residual, norm.out, h.stride(0), norm.eps),
             {"NORM": True, "HAS_H": norm.h is not None,
              "NORM_BD": triton.next_power_of_2(x.shape[1])})
+
 
 if triton is not None:
 
@@ -57,10 +61,14 @@ if triton is not None:
         return x
 
     @triton.jit
-    def normed(r, rstd, w):
-        """Qwen3.5's norm of residual r at 1 / rms `rstd` with weight w (broadcast to r):
-        r * rstd * (1 + w) in fp32, in that order, rounded to r's dtype."""
-        return (r.to(tl.float32) * rstd * (1.0 + w.to(tl.float32))).to(r.dtype)
+    def normed(r, rstd, w, UNIT_OFFSET: tl.constexpr = True):
+        """The norm of residual r at 1 / rms `rstd` with weight w (broadcast to r):
+        r * rstd * (1 + w) in fp32, in that order (Qwen3.5's zero-centred weight; * w
+        without UNIT_OFFSET), rounded to r's dtype."""
+        scale = w.to(tl.float32)
+        if UNIT_OFFSET:
+            scale = 1.0 + scale
+        return (r.to(tl.float32) * rstd * scale).to(r.dtype)
 
     @triton.jit
     def rows_inv_rms(x_ptr, stride_x, h_ptr, stride_h, rows, row_ok, K, eps,

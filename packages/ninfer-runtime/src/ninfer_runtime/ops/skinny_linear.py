@@ -124,13 +124,16 @@ def takes_norm(norm: DeferredNorm) -> bool:
             and triton.next_power_of_2(m) * triton.next_power_of_2(k) <= _NORM_ELEMENTS)
 
 
-def norm_args(x: torch.Tensor, norm: DeferredNorm | None) -> tuple[tuple, dict]:
+def norm_args(x: torch.Tensor, norm: DeferredNorm | None) -> tuple[torch.Tensor, tuple, dict]:
     """`rms_math.prologue_args` for the kernels' input x [M, K], with the rows the prologue
-    loads at once (NORM_ROWS)."""
-    assert norm is None or takes_norm(norm), "skinny_linear: a norm it cannot run"
-    args, constexprs = prologue_args(x, norm)
+    loads at once (NORM_ROWS). A norm the prologue cannot take (`takes_norm`) runs here, by
+    the norm kernel, and the kernels read x."""
+    if norm is not None and not takes_norm(norm):
+        norm.run()
+        norm = None
+    source, args, constexprs = prologue_args(x, norm)
     rows = 1 if norm is None else triton.next_power_of_2(x.shape[0])
-    return args, {**constexprs, "NORM_ROWS": rows}
+    return source, args, {**constexprs, "NORM_ROWS": rows}
 
 
 def tile_options(x: torch.Tensor) -> dict:
@@ -147,13 +150,9 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor,
     x's decode operand into it, the bits `quant_linear.activation_operands` would make. With
     `norm` (the norm whose output x is, not yet run), the launch runs it first where its
     prologue can (`takes_norm`); else the norm kernel runs before it."""
-    if norm is not None and not takes_norm(norm):
-        norm.run()
-        norm = None
     launch = Launch.of(x, w.shape[0])
     buffers, operand_options = operand_args(x, operand)
-    norm_buffers, norm_options = norm_args(x, norm)
-    source = x if norm is None else norm.x
+    source, norm_buffers, norm_options = norm_args(x, norm)
     _skinny_kernel[launch.grid](*launch.args(source, w, 0), *buffers, *norm_buffers,
                                 *launch.sizes(source, w), **operand_options, **norm_options,
                                 **tile_options(x))
@@ -269,8 +268,7 @@ if triton is not None:
             acc = tl.dot(_weight_tile(w_rows, row_ok, k0, k_hi, BK),
                          _dot_input(x_ptr, stride_x, h_ptr, stride_h, nw_ptr, res_ptr,
                                     normed_ptr, K, rstd, ms, m_ok, k0, k_hi, stored_rows, NORM,
-                                    HAS_H,
-                                    BK), acc)
+                                    HAS_H, BK), acc)
         mask = m_ok[:, None] & row_ok[None, :]
         offs = ms.to(tl.int64)[:, None] * N + rows[None, :]
         last, total = sum_parts(tl.trans(acc), part, tl.num_programs(1), part_ptr, offs, M * N,
