@@ -80,8 +80,8 @@ def _probe_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, st
         acc = ql.decode_range(acc, xo_ptr, inv_ptr, inv_ptr, w_ptr, s_ptr, s_ptr, row_off,
                               row_ok, ms, m_ok, M, K, k_lo, k_hi, stride_w, stride_s, 0, 2, True,
                               True, True, BK, DOTS)
-    for k0 in range(k_lo, k_hi, BK):
-        if MODE != 0:
+    else:
+        for k0 in range(k_lo, k_hi, BK):
             kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
             ks = tl.max_contiguous(tl.multiple_of(k0 // 16 + tl.arange(0, BKW // 2), BKW // 2),
                                    BKW // 2)
