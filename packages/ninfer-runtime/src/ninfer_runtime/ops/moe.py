@@ -699,20 +699,20 @@ if triton is not None:
     def _route_rows(logits, stride_t, weights_out, ids_out, t0, T, num_experts,
                     BT: tl.constexpr, TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr,
                     BLOCK_E: tl.constexpr, SHARED: tl.constexpr):
-        """Tokens t0 .. t0 + BT (those below T): the top k of their experts' logits by
-        repeated argmax (the lowest expert id on ties), weighted by their softmax
-        renormalised over the k, exp(z - max) / the k's sum, added in slot order: no sum
-        over all experts (the full softmax's denominator cancels), so that a token's bits do
-        not depend on BT or the tile layout. With SHARED, slot k is expert num_experts
-        weighted by the sigmoid of the logit after the experts'. The logits are read from L2
-        (.cg): the router's other programs may have written them (`_router_kernel`).
+        """Tokens t0 .. t0 + BT (those below T): the top k of their experts' logits (the
+        lowest expert id on ties), weighted by their softmax renormalised over the k,
+        exp(z - max) / the k's sum, added in slot order: no sum over all experts (the full
+        softmax's denominator cancels), so that a token's bits do not depend on BT or the
+        tile layout. With SHARED, slot k is expert num_experts weighted by the sigmoid of the
+        logit after the experts'. The logits are read from L2 (.cg): the router's other
+        programs may have written them (`_router_kernel`).
 
-        Each argmax is one reduction of an int64 key, the logit's order-preserving bits
-        above the complement of the expert id: the largest key is the largest logit and,
-        among equal ones, the lowest id. A value reduction then an index one were two, and
-        the first pick's logit is the maximum: 8 block-wide reductions a token instead of 17,
-        a serial chain in the router's last program (~7.8 us a launch on the H100, 40 a
-        35B-A3B decode step)."""
+        The top k are those of an int64 key, the logit's order-preserving bits above the
+        complement of the expert id (the largest key is the largest logit and, among equal
+        ones, the lowest id), by Triton's bitonic top-k (`tl.topk`): compare-and-swap rounds
+        and halvings, where k rounds of a block-wide argmax were a serial chain in the
+        router's last program (~7.8 us a launch on the H100 against ~4 for a GEMV of its
+        size, 40 a 35B-A3B decode step)."""
         t = t0 + tl.arange(0, BT).to(tl.int64)
         t_ok = t < T
         e = tl.arange(0, BLOCK_E)
@@ -723,20 +723,13 @@ if triton is not None:
         # + 0.0 makes -0.0 +0.0, which ties with it as the float compare did
         keys = (_ordered_bits(work + 0.0).to(tl.int64) << 32) | (BLOCK_E - 1 - e)[None, :]
         slot = tl.arange(0, TOP_K_P2)
-        top = tl.zeros([BT, TOP_K_P2], dtype=tl.float32)
-        top_ids = tl.zeros([BT, TOP_K_P2], dtype=tl.int64)
+        key = tl.topk(keys, TOP_K_P2, dim=1)  # [BT, TOP_K_P2], the largest first
+        best = _ordered_bits((key >> 32).to(tl.int32)).to(tl.float32, bitcast=True)
+        top_ids = BLOCK_E - 1 - (key & 0xFFFFFFFF)
+        top = tl.where(slot[None, :] < TOP_K, tl.exp(best - tl.max(best, axis=1)[:, None]), 0.0)
         total = tl.zeros([BT], dtype=tl.float32)
-        for j in tl.static_range(TOP_K):
-            key = tl.max(keys, axis=1)
-            best = _ordered_bits((key >> 32).to(tl.int32)).to(tl.float32, bitcast=True)
-            idx = BLOCK_E - 1 - (key & 0xFFFFFFFF)
-            if j == 0:
-                z_max = best
-            weight = tl.exp(best - z_max)
-            total += weight
-            top = tl.where(slot[None, :] == j, weight[:, None], top)
-            top_ids = tl.where(slot[None, :] == j, idx[:, None], top_ids)
-            keys = tl.where(keys == key[:, None], -1 << 63, keys)
+        for j in tl.static_range(TOP_K):  # in slot order (a sum of one weight and zeros)
+            total += tl.sum(tl.where(slot[None, :] == j, top, 0.0), axis=1)
         out = t[:, None] * (TOP_K + SHARED) + slot[None, :]
         kept = t_ok[:, None] & (slot < TOP_K)[None, :]
         tl.store(weights_out + out, top / total[:, None], mask=kept)
