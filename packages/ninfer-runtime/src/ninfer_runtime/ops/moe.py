@@ -225,7 +225,9 @@ def router(x: torch.Tensor, w: torch.Tensor, top_k: int, shared: bool,
     source, norm_buffers, norm_options = skinny_linear.norm_args(x, norm)
     _router_kernel[launch.grid](*launch.args(source, w, 1), *buffers, *norm_buffers,
                                 *launch.sizes(source, w), weights, ids, **operand_options,
-                                **norm_options, **constexprs, **skinny_linear.tile_options(x))
+                                **norm_options, **constexprs,
+                                ROUTE_ROWS=triton.next_power_of_2(x.shape[0]),
+                                **skinny_linear.tile_options(x))
     return weights, ids, operand
 
 
@@ -758,12 +760,14 @@ if triton is not None:
                        OPERAND: tl.constexpr, GROUP: tl.constexpr, HAS_SUM: tl.constexpr,
                        NORM: tl.constexpr, HAS_H: tl.constexpr, NORM_ROWS: tl.constexpr,
                        NORM_BD: tl.constexpr, TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr,
-                       BLOCK_E: tl.constexpr, SHARED: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, BK: tl.constexpr, GDC: tl.constexpr):
+                       BLOCK_E: tl.constexpr, SHARED: tl.constexpr, ROUTE_ROWS: tl.constexpr,
+                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                       GDC: tl.constexpr):
         """The router's logits by ops.skinny_linear's kernel (`skinny_part`, with NORM its
         prologue norm, and x's decode operand with OPERAND), then the last row tile to be
-        finished routes every token (`_route_rows`) and zeroes its counter (the one after the
-        row tiles')."""
+        finished routes every token (`_route_rows`, ROUTE_ROWS = next_pow2(M) at once: the
+        top-k's work grows with its rows, BM of which may be padding) and zeroes its counter
+        (the one after the row tiles')."""
         last, rstd = skinny_part(x_ptr, w_ptr, part_ptr, counter_ptr, logits_ptr, h_ptr,
                                  nw_ptr, res_ptr, normed_ptr, stride_h, eps, M, N, K, stride_x,
                                  stride_w, split_len, NORM, HAS_H, NORM_ROWS, NORM_BD, BM, BN,
@@ -773,8 +777,8 @@ if triton is not None:
             tiles = tl.num_programs(0)
             if tl.atomic_add(counter_ptr + tiles, 1, sem="acq_rel") == tiles - 1:
                 tl.store(counter_ptr + tiles, 0)
-                _route_rows(logits_ptr, N, weights_out, ids_out, 0, M, N - SHARED, BM, TOP_K,
-                            TOP_K_P2, BLOCK_E, SHARED)
+                _route_rows(logits_ptr, N, weights_out, ids_out, 0, M, N - SHARED, ROUTE_ROWS,
+                            TOP_K, TOP_K_P2, BLOCK_E, SHARED)
         if OPERAND:
             write_operand(x_ptr, stride_x, h_ptr, stride_h, nw_ptr, rstd, M, K, xo_ptr,
                           inv_ptr, xsum_ptr, BM, GROUP, HAS_SUM, NORM, HAS_H)
