@@ -18,7 +18,9 @@
 # Plans tuned by an earlier run seed the tuner where ab/tuning/ holds them (a run's archive
 # has its tuning/: `tar xzf tree_ab-*.tgz -C ab ./tuning`); a file serves only the GPU model
 # and Triton version in its name, and only the plans whose candidates have not changed, so
-# the first tree skips the ~2.5 minutes of tuning where they match.
+# the first tree skips the ~2.5 minutes of tuning where they match. TESTS (test files, TESTS_K
+# their -k expression, TEST_SECONDS their limit) run on the GPU while the artifact builds
+# (~100 s that leave the GPU idle), into tests.txt.
 set -uo pipefail
 cmd=${1:-}; shift || true
 case $cmd in
@@ -40,9 +42,18 @@ artifact=/tmp/artifacts/${PROFILE:=qwen3_6_27b}_${WEIGHTS:=nvfp4}.ninfer
 export NINFER_HOME=/tmp/ninfer-ab
 mkdir -p /tmp/artifacts "$NINFER_HOME/tuning"
 cp -n ab/tuning/*.json "$NINFER_HOME/tuning/" 2>/dev/null
+if [ -n "${TESTS:-}" ]; then  # GPU tests beside the build, which leaves the GPU idle
+  # shellcheck disable=SC2086  # TESTS is a list of test files
+  timeout "${TEST_SECONDS:-120}" python3 -m pytest -q -p no:cacheprovider $TESTS \
+    ${TESTS_K:+-k "$TESTS_K"} > "$out/tests.txt" 2>&1 &
+fi
 [ -f "$artifact" ] || timeout 420 python3 -m ninfer_convert.cli build "$PROFILE" --random-init \
   --weights "$WEIGHTS" --no-vision --device cuda -o "$artifact" > "$out/build.log" 2>&1
 echo "build rc=$? ${SECONDS}s" | tee -a "$out/stages.txt"
+if [ -n "${TESTS:-}" ]; then
+  wait
+  echo "tests: $(tail -1 "$out/tests.txt") ${SECONDS}s" | tee -a "$out/stages.txt"
+fi
 for name in "$@"; do
   root=$PWD; [ "$name" = head ] || root=$PWD/ab/$name
   s=$SECONDS; tagged=$name${TAG:+-$TAG}
