@@ -300,10 +300,11 @@ def packed_linear(x: torch.Tensor, w: PackedWeight, swiglu: bool = False,
     assert norm is None or (operand is None and not swiglu), "packed_linear: a norm and operand"
     m = x.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if norm is not None and (m == 0 or not decodes(x)):
-        norm.run()
-    elif norm is not None:
-        operand = _normed_operand(x, w, norm)
+    if norm is not None:  # at decode the activation pass runs it, else the norm kernel
+        if m and decodes(x):
+            operand = _normed_operand(x, w, norm)
+        else:
+            norm.run()
     if m == 0:
         return out
     if decodes(x):
