@@ -78,8 +78,8 @@ def _probe_kernel(xo_ptr, inv_ptr, w_ptr, s_ptr, part_ptr, M, N, K, stride_w, st
     fold = tl.zeros((BN, BKW), tl.float16)
     if MODE == 0:
         acc = ql.decode_range(acc, xo_ptr, inv_ptr, inv_ptr, w_ptr, s_ptr, s_ptr, row_off,
-                              row_ok, ms, m_ok, M, K, k_lo, k_hi, stride_w, stride_s, 0, 2, True,
-                              True, True, BK, DOTS)
+                              row_ok, ms, m_ok, M, K, k_lo, k_hi, stride_w, stride_s, 1, 0, 2,
+                              True, True, True, BK, DOTS)
     else:
         for k0 in range(k_lo, k_hi, BK):
             kw = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BKW), BKW), BKW)
@@ -190,7 +190,7 @@ def _probe_call(ws: list, x: torch.Tensor, xo: torch.Tensor, inv: torch.Tensor,
             ops = ql._operands(next(cycle))
             ql._decode_kernel[(n // c.bn, splits)](
                 xo, inv, inv, ops.words, ops.scale, ops.zero, ops.gscale, part, counters, out,
-                out, out, out, out, counters, 1, n, k, ops.words.stride(0), ops.scale.stride(0),
+                out, out, out, out, counters, 1, n, k, ops.words.stride(0), *ops.scale.stride(),
                 split_len, splits, HAND_ON=False, OUT_GROUP=c.bn, OUT_SUMS=False, PREFETCH=False,
                 **ql.decode_tile_args(ops.layout, c, n, k, 1), **launch)
         return decode

@@ -56,9 +56,15 @@ PREFETCH = os.environ.get("NINFER_L2_PREFETCH", "0") == "1"  # the decode's L2 p
 EVEN_N = os.environ.get("SASS_EVEN_N", "1") == "1"
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ARGS = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "g_ptr", "out_ptr", "M", "N", "K", "stride_x",
-        "stride_w", "stride_s")
+        "stride_w", "stride_sn", "stride_sg")
 # (scale, zero, global scale) pointer types per scheme, as the launcher passes them
 PARTS = {"nvfp4": ("*fp8e4nv", "*fp8e4nv", "*fp32"), "groupwise-int": ("*bf16", "*u8", "*bf16")}
+# the scale stride the launcher's specialization makes 1: nvfp4's scales are row-major, a linear
+# layer's groupwise-int ones group-major (`quant_linear.group_major`; SASS_INT_SCALES=row: the
+# artifact's row-major layout)
+UNIT_STRIDES = {"nvfp4": {"stride_sg": 1},
+                "groupwise-int": {"stride_sg" if os.environ.get("SASS_INT_SCALES") == "row"
+                                  else "stride_sn": 1}}
 SCHEME_IDS = {"nvfp4": (ql._NVFP4_ID, 2), "groupwise-int": (ql._INT_ID, 16)}
 
 
@@ -133,7 +139,8 @@ def report(label: str, kernel, weights_per_thread: int, tmp: Path) -> None:
 
 DECODE_ARGS = ("xo_ptr", "inv_ptr", "xsum_ptr", "w_ptr", "s_ptr", "z_ptr", "g_ptr", "part_ptr",
                "counter_ptr", "out_ptr", "hidden_ptr", "hxo_ptr", "hinv_ptr", "hxsum_ptr",
-               "ticket_ptr", "M", "N", "K", "stride_w", "stride_s", "split_len", "splits")
+               "ticket_ptr", "M", "N", "K", "stride_w", "stride_sn", "stride_sg", "split_len",
+               "splits")
 
 
 def configs(scheme_id: int) -> list:
@@ -153,11 +160,11 @@ def decode_variants(asm: bool, tmp: Path) -> None:
             bn, bk = cfg.bn, cfg.bk
             sig = dict(zip(DECODE_ARGS, ("*fp16", "*fp32", "*fp32", "*i32", *PARTS[scheme],
                                          "*fp32", "*i32", "*bf16", "*bf16", "*fp16", "*fp32",
-                                         "*fp32", "*i32", *["i32"] * 7), strict=True))
+                                         "*fp32", "*i32", *["i32"] * 8), strict=True))
             cst = {"SCHEME": sid, "WPS": wps, "BM": ql.decode_rows(ROWS), "ASM": asm,
                    "EVEN_K": True, "EVEN_N": EVEN_N, "BN": bn, "BK": bk, "DOTS": cfg.dots,
                    "HAND_ON": False, "OUT_GROUP": bn, "OUT_SUMS": False, "PREFETCH": PREFETCH,
-                   "GDC": True}
+                   "GDC": True, **UNIT_STRIDES[scheme]}
             k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages)
             label = f"decode {scheme} BN={bn} BK={bk} w={cfg.warps} s={cfg.stages} d={cfg.dots}"
             report(label, k, bn * bk // (32 * cfg.warps), tmp)
@@ -168,12 +175,12 @@ def gemm_kernel(scheme: str, operand: bool, cfg):
     to bf16."""
     sid, wps = SCHEME_IDS[scheme]
     kw = cfg.kwargs
-    sig = dict(zip(ARGS, ("*bf16", "*i32", *PARTS[scheme], "*bf16", "i32", "i32", "i32",
-                          "i32", "i32", "i32"), strict=True))
+    sig = dict(zip(ARGS, ("*bf16", "*i32", *PARTS[scheme], "*bf16", *["i32"] * 7),
+                   strict=True))
     sig.update(m_bucket="i32", xo_ptr="*fp16", inv_ptr="*fp32")
     cst = {"SCHEME": sid, "WPS": wps, "PRECISION": "tf32", "EVEN_K": True, "OPERAND": operand,
            "ASM": True, "BM": kw["BM"], "BN": kw["BN"], "BK": kw["BK"],
-           "GROUP_M": kw["GROUP_M"]}
+           "GROUP_M": kw["GROUP_M"], **UNIT_STRIDES[scheme]}
     return compile_variant(ql._gemm_kernel, sig, cst, cfg.num_warps, cfg.num_stages)
 
 

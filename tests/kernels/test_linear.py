@@ -58,7 +58,8 @@ def kernels(monkeypatch: pytest.MonkeyPatch, untuned_kernels: None) -> None:
 
 
 def packed(scheme: str, n: int, k: int, *lead: int, seed: int = 0) -> PackedWeight:
-    """Random stored parts of a [*lead, n, k] weight."""
+    """Random stored parts of a [*lead, n, k] weight, laid out as the runtime loads them
+    (a linear layer's groupwise-int scales group-major: `quant_linear.group_major`)."""
     gen = torch.Generator().manual_seed(seed)
     shape = (*lead, n)
     codes = torch.randint(0, 256, (*shape, k // 2), dtype=torch.uint8, generator=gen)
@@ -72,8 +73,8 @@ def packed(scheme: str, n: int, k: int, *lead: int, seed: int = 0) -> PackedWeig
         parts = {"weight": codes,
                  "weight_scale": (torch.rand(groups, generator=gen) * 0.02 + 1e-3).bfloat16(),
                  "weight_zero": torch.randint(0, 16, groups, dtype=torch.uint8, generator=gen)}
-    return PackedWeight(get_scheme(scheme), {r: p.to(DEVICE) for r, p in parts.items()},
-                        (*lead, n, k))
+    return quant_linear.group_major(PackedWeight(
+        get_scheme(scheme), {r: p.to(DEVICE) for r, p in parts.items()}, (*lead, n, k)))
 
 
 def rand(*shape: int, dtype: torch.dtype, seed: int = 1) -> torch.Tensor:
@@ -272,12 +273,38 @@ def test_bf16_weights_use_the_matmul() -> None:
     assert torch.equal(linear(x, w), F.linear(x, w))
 
 
+@pytest.mark.parametrize("m", [1, 9, 64])
+def test_row_major_int_scales_give_the_same_bits(m: int) -> None:
+    """The artifact's row-major groupwise-int scales and zero points, which the runtime
+    lays out group by group (`group_major`), give the same bits in either layout: the decode
+    GEMV (1 and 9 rows), the prompt GEMM (64) and the dequantized weight."""
+    n, k = 80, 384
+    w = packed("groupwise-int", n, k, seed=6)
+    assert w.parts["weight_scale"].stride() == w.parts["weight_zero"].stride() == (1, n)
+    assert w.parts["weight"].is_contiguous()
+    rows = PackedWeight(w.scheme, {r: p.contiguous() for r, p in w.parts.items()}, w.shape)
+    assert rows.parts["weight_scale"].stride() == (k // 128, 1)
+    x = rand(m, k, dtype=HALF, seed=m)
+    assert torch.equal(linear(x, rows), linear(x, w))
+    assert torch.equal(quant_linear.dequantize(rows, HALF), quant_linear.dequantize(w, HALF))
+
+
+def test_group_major_leaves_other_weights_as_they_are() -> None:
+    nv, experts = packed("nvfp4", 48, 256), packed("groupwise-int", 48, 256, 2)
+    assert quant_linear.group_major(nv) is nv
+    assert quant_linear.group_major(experts) is experts
+    assert all(p.is_contiguous() for p in (*nv.parts.values(), *experts.parts.values()))
+
+
 def test_bad_layout_is_rejected() -> None:
     w = packed("groupwise-int", 48, 256)
     wide = torch.zeros(48, 4, device=DEVICE, dtype=torch.bfloat16)
     parts = w.parts | {"weight_scale": wide[:, ::2]}  # right shape and dtype, strided
     with pytest.raises(quant_linear.PackedWeightError, match="weight_scale"):
         linear(rand(1, 256, dtype=HALF), PackedWeight(w.scheme, parts, w.shape))
+    mixed = w.parts | {"weight_zero": w.parts["weight_zero"].contiguous()}
+    with pytest.raises(quant_linear.PackedWeightError, match="laid out differently"):
+        linear(rand(1, 256, dtype=HALF), PackedWeight(w.scheme, mixed, w.shape))
     missing = {r: p for r, p in w.parts.items() if r != "weight_zero"}
     with pytest.raises(quant_linear.PackedWeightError, match="weight_zero"):
         linear(rand(1, 256, dtype=HALF), PackedWeight(w.scheme, missing, w.shape))

@@ -23,6 +23,7 @@ import torch
 from ninfer_bench.ceilings import against_bandwidth, against_flops
 from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.ops.linear import Weight, linear
+from ninfer_runtime.ops.quant_linear import group_major
 from ninfer_runtime.profiles import get_profile
 from ninfer_runtime.quant import PackedWeight, get_scheme
 
@@ -70,7 +71,8 @@ def small_plain_projections(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 
 
 def random_weight(scheme: str, n: int, k: int, device: str, gen: torch.Generator) -> Weight:
-    """A [n, k] weight with random stored parts (plausible scales; values do not matter)."""
+    """A [n, k] weight with random stored parts (plausible scales; values do not matter),
+    laid out as the runtime loads it (`group_major`)."""
     def rand(*shape: int) -> torch.Tensor:
         return torch.rand(*shape, device=device, generator=gen)
 
@@ -84,7 +86,7 @@ def random_weight(scheme: str, n: int, k: int, device: str, gen: torch.Generator
         parts = {"weight": codes, "weight_scale": (rand(n, k // 128) * 0.02).to(torch.bfloat16),
                  "weight_zero": torch.randint(0, 16, (n, k // 128), device=device,
                                               dtype=torch.uint8, generator=gen)}
-    return PackedWeight(get_scheme(scheme), parts, (n, k))
+    return group_major(PackedWeight(get_scheme(scheme), parts, (n, k)))
 
 
 def weight_bytes(w: Weight) -> int:

@@ -16,6 +16,7 @@ import torch
 
 from ninfer_runtime.config import ModelConfig
 from ninfer_runtime.ops.linear import Weight
+from ninfer_runtime.ops.quant_linear import group_major
 from ninfer_runtime.quant import PackedWeight
 
 
@@ -57,7 +58,10 @@ class WeightReader:
         return self.take(name, (dim,))
 
     def linear(self, name: str, out: int, inp: int) -> Weight:
-        return self.take(name, (out, inp), packed=True)
+        """A linear layer's weight [out, in]; a groupwise-int one with its scales stored as
+        the decode kernels read them best (`quant_linear.group_major`)."""
+        w = self.take(name, (out, inp), packed=True)
+        return group_major(w) if isinstance(w, PackedWeight) else w
 
 
 @dataclass(frozen=True)

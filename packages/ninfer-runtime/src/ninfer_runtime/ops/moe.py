@@ -927,9 +927,9 @@ if triton is not None:
             mask = row_ok[:, None] if EVEN_K else row_ok[:, None] & (ks < K)[None, :]
             tile = tl.load(w + e * stride_we + rows.to(tl.int64)[:, None] * stride_wn
                            + ks[None, :], mask=mask, other=0.0).to(DTYPE)
-        else:
+        else:  # the experts' scales are row-major (group stride 1)
             tile = _weight_tile(w + e * stride_we, scale + e * stride_se, aux + e * stride_ae,
-                                rows, row_ok, k0, K, stride_wn, stride_sn, QSCHEME, WPS, BK,
+                                rows, row_ok, k0, K, stride_wn, stride_sn, 1, QSCHEME, WPS, BK,
                                 EVEN_K, DTYPE)
         return tile
 
@@ -1215,11 +1215,12 @@ if triton is not None:
             row = tl.where(row_ok, rows, 0).to(tl.int64)
             prefetch_to_l2(w_ptr + expert * stride_we + row * stride_wn + k_lo // 8,
                            (k_hi - k_lo) // 2)
+        # the experts' scales are row-major (group stride 1)
         acc = decode_range(tl.zeros((R, BM), tl.float32), xo_ptr + x_row * (K // 8),
                            inv_ptr + x_row, xsum_ptr + x_row, w_ptr + expert * stride_we,
                            s_ptr + expert * stride_se, aux_ptr + expert * stride_ae,
                            rows.to(tl.int64), row_ok, ms, m_ok, M, K, k_lo, k_hi, stride_wn,
-                           stride_sn, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS)
+                           stride_sn, 1, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS)
         res = decode_result(acc, SCHEME)  # [BM, R]
         if SCHEME == _NVFP4:  # the expert's per-row global scale (aux)
             res = res * tl.load(aux_ptr + expert * stride_ae + rows, mask=row_ok,

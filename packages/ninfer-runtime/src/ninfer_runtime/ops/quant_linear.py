@@ -187,14 +187,34 @@ def supports(w: PackedWeight) -> bool:
 @dataclass(frozen=True)
 class _Operands:
     words: torch.Tensor  # int32 [N, K/8]
-    scale: torch.Tensor  # [N, K / (8 * words_per_scale)]
-    zero: torch.Tensor  # groupwise-int zero points; nvfp4: the scale again (unused)
+    scale: torch.Tensor  # [N, K / (8 * words_per_scale)], row- or group-major (`group_major`)
+    zero: torch.Tensor  # groupwise-int zero points (scale's strides); nvfp4: the scale again
     gscale: torch.Tensor  # nvfp4 per-row global scale; groupwise-int: the scale (unused)
     layout: _Layout
 
 
+def group_major(w: PackedWeight) -> PackedWeight:
+    """w with its groupwise-int scales and zero points stored a group after another ([N, G]
+    views of [G, N] memory); other weights as they are. A decode tile loads one group's terms
+    for its BN rows at a time: stored row by row (the artifact's layout), each row's sits in
+    a 32-byte sector of its own, 32 sectors a warp for 64 useful bytes; group-major, the BN
+    terms are adjacent. The kernels take either layout (a scale row stride and group stride)."""
+    if w.scheme.name != "groupwise-int" or len(w.shape) != 2:
+        return w
+    parts = dict(w.parts)
+    for role in ("weight_scale", "weight_zero"):
+        parts[role] = parts[role].t().contiguous().t()
+    return PackedWeight(w.scheme, parts, w.shape)
+
+
+def _dense(part: torch.Tensor, role: str) -> bool:
+    """Whether a part is stored densely as the kernels read it: row-major, or a scale or zero
+    point part group-major (`group_major`)."""
+    return part.is_contiguous() or (role != "weight" and part.t().is_contiguous())
+
+
 def _operands(w: PackedWeight) -> _Operands:
-    """The kernels' view of w's parts, checked (shapes, dtypes, contiguity)."""
+    """The kernels' view of w's parts, checked (shapes, dtypes, layout)."""
     layout = LAYOUTS[w.scheme.name]
     n, k = w.shape
     per_scale = 8 * layout.words_per_scale
@@ -210,12 +230,15 @@ def _operands(w: PackedWeight) -> _Operands:
         part = w.parts.get(role)
         if part is None:
             raise PackedWeightError(f"{w.scheme.name} weight {tuple(w.shape)} lacks part {role!r}")
-        if part.dtype != dtype or tuple(part.shape) != shape or not part.is_contiguous():
+        if part.dtype != dtype or tuple(part.shape) != shape or not _dense(part, role):
             raise PackedWeightError(
                 f"{w.scheme.name} weight {tuple(w.shape)}: part {role!r} is {part.dtype} "
-                f"{tuple(part.shape)} (contiguous={part.is_contiguous()}), the kernels need "
-                f"contiguous {dtype} {shape}")
+                f"{tuple(part.shape)} (strides {part.stride()}), the kernels need {dtype} "
+                f"{shape}, row-major (scales: or group-major)")
     codes, scale = w.parts["weight"], w.parts["weight_scale"]
+    if layout.scheme == _INT_ID and w.parts["weight_zero"].stride() != scale.stride():
+        raise PackedWeightError(f"groupwise-int weight {tuple(w.shape)}: its scales and zero "
+                                "points are laid out differently")
     if k % per_scale or codes.storage_offset() % 4:
         raise PackedWeightError(f"{w.scheme.name} weight {tuple(w.shape)}: K must be a multiple "
                                 f"of {per_scale} and the codes 4-byte aligned")
@@ -327,7 +350,7 @@ def dequantize_operand(ops: _Operands, dtype: torch.dtype, global_scale: bool = 
     bn, bk = (64, 256) if ops.layout.scheme == _NVFP4_ID else (64, GROUP_BK)
     _dequant_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
         ops.words, ops.scale, ops.zero, ops.gscale, w, n, k, ops.words.stride(0),
-        ops.scale.stride(0), SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale,
+        *ops.scale.stride(), SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale,
         GLOBAL=global_scale and ops.layout.scheme == _NVFP4_ID, BN=bn, BK=bk,
         EVEN_K=k % bk == 0)
     return w
@@ -803,7 +826,7 @@ def _decode_args(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decod
                                                      device=x.device)
     args = [operand.xo, operand.inv, operand.xsum, ops.words, ops.scale, ops.zero, ops.gscale,
             parts, counters, out, hidden, *operand_buffers(handed, out), counters[tiles:], m,
-            n, k, ops.words.stride(0), ops.scale.stride(0), plan.split_len, plan.splits]
+            n, k, ops.words.stride(0), *ops.scale.stride(), plan.split_len, plan.splits]
     kw = dict(HAND_ON=handed is not None, OUT_GROUP=c.bn if handed is None else handed.group,
               OUT_SUMS=handed is not None and handed.sums,
               PREFETCH=prefetches(ops.words, k, plan.split_len),
@@ -861,7 +884,7 @@ def _launch_gemm(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:
     launch(
         _gemm, grid,
         x, ops.words, ops.scale, ops.zero, ops.gscale, out, m, n, k, x.stride(0),
-        ops.words.stride(0), ops.scale.stride(0), triton.next_power_of_2(m), xo, inv,
+        ops.words.stride(0), *ops.scale.stride(), triton.next_power_of_2(m), xo, inv,
         SCHEME=ops.layout.scheme, WPS=ops.layout.words_per_scale,
         PRECISION=dot_precision(x.dtype), OPERAND=f16, ASM=DECODE_ASM and not INTERPRET)
 
@@ -951,8 +974,8 @@ if triton is not None:
         return ((t & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _load_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, k_hi, stride_w, stride_s,
-                   SCHEME: tl.constexpr, WPS: tl.constexpr, BK: tl.constexpr,
+    def _load_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, k_hi, stride_w, stride_sn,
+                   stride_sg, SCHEME: tl.constexpr, WPS: tl.constexpr, BK: tl.constexpr,
                    EVEN_K: tl.constexpr, NV_SCALE: tl.constexpr):
         """The uint32 words [BN, BK/8] of inputs [k0, k0 + BK) and, per scale block
         [BN, BK/8/WPS], the (mul, add) that turn a decoded code into a weight:
@@ -971,7 +994,7 @@ if triton is not None:
             w_mask = row_ok[:, None] & (kw < k_hi // 8)[None, :]
             s_mask = row_ok[:, None] & (ks < k_hi // (8 * WPS))[None, :]
         words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :], mask=w_mask, other=0)
-        s_off = row_off[:, None] * stride_s + ks[None, :]
+        s_off = row_off[:, None] * stride_sn + ks[None, :] * stride_sg
         scale = tl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(tl.float32)
         if SCHEME == _NVFP4:
             mul = scale * NV_SCALE
@@ -997,13 +1020,14 @@ if triton is not None:
         return w.to(DTYPE)
 
     @triton.jit
-    def _weight_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w, stride_s,
-                     SCHEME: tl.constexpr, WPS: tl.constexpr, BK: tl.constexpr,
+    def _weight_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w, stride_sn,
+                     stride_sg, SCHEME: tl.constexpr, WPS: tl.constexpr, BK: tl.constexpr,
                      EVEN_K: tl.constexpr, DTYPE: tl.constexpr):
         """The weight tile [BN, BK] of inputs [k0, k0 + BK) in input order, as `_operand`
         dequantizes it (the prefill GEMM's operand, the dequantized weight's tile)."""
         words, mul, add = _load_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w,
-                                     stride_s, SCHEME, WPS, BK, EVEN_K, _NV_DOT_SCALE)
+                                     stride_sn, stride_sg, SCHEME, WPS, BK, EVEN_K,
+                                     _NV_DOT_SCALE)
         mul = _per_word(mul, WPS)
         add = _per_word(add, WPS)
         return _interleave8(_operand(words, 0, mul, add, SCHEME, DTYPE),
@@ -1065,9 +1089,10 @@ if triton is not None:
 
     @triton.jit
     def decode_range(acc, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, row_off, row_ok, ms,
-                     m_ok, M, K, k_lo, k_hi, stride_w, stride_s, SCHEME: tl.constexpr,
-                     WPS: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
-                     EVEN_N: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr):
+                     m_ok, M, K, k_lo, k_hi, stride_w, stride_sn, stride_sg,
+                     SCHEME: tl.constexpr, WPS: tl.constexpr, ASM: tl.constexpr,
+                     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, BK: tl.constexpr,
+                     DOTS: tl.constexpr):
         """acc [BN, BM] + inputs [k_lo, k_hi) of W[rows] @ xo^T, a K tile a trip, with each
         operand group's activation scale undone (the weights' operand offset is undone by
         `decode_result`). EVEN_N: every row of the tile exists (N a multiple of the tile), so
@@ -1088,14 +1113,15 @@ if triton is not None:
         if SCHEME == _NVFP4:
             for k0 in range(k_lo, k_hi, BK):
                 acc = _nv_tile(acc, xo_ptr, inv_ptr, w_ptr, s_ptr, row_off, row_ok, ms, m_ok, M,
-                               K, k0, k_hi, stride_w, stride_s, WPS, ASM, EVEN_K, BK, DOTS)
+                               K, k0, k_hi, stride_w, stride_sn, stride_sg, WPS, ASM, EVEN_K,
+                               BK, DOTS)
         else:
             G: tl.constexpr = BK // _GROUP_BK_C
             terms = _int_terms(s_ptr, z_ptr, inv_ptr, xsum_ptr, row_off, row_ok, ms, m_ok, M,
-                               k_lo, k_hi, stride_s, G)
+                               k_lo, k_hi, stride_sn, stride_sg, G)
             for k0 in range(k_lo, k_hi, BK):
                 ahead = _int_terms(s_ptr, z_ptr, inv_ptr, xsum_ptr, row_off, row_ok, ms, m_ok,
-                                   M, k0 + BK, k_hi, stride_s, G)
+                                   M, k0 + BK, k_hi, stride_sn, stride_sg, G)
                 for g in tl.static_range(G):
                     acc = _int_group(acc, xo_ptr, w_ptr, row_off, row_ok, ms, m_ok, M, K,
                                      k0 + g * _GROUP_BK_C, k_hi, stride_w, terms, g, ASM,
@@ -1116,7 +1142,7 @@ if triton is not None:
 
     @triton.jit
     def _nv_tile(acc, xo_ptr, inv_ptr, w_ptr, s_ptr, row_off, row_ok, ms, m_ok, M, K, k0,
-                 k_hi, stride_w, stride_s, WPS: tl.constexpr, ASM: tl.constexpr,
+                 k_hi, stride_w, stride_sn, stride_sg, WPS: tl.constexpr, ASM: tl.constexpr,
                  EVEN_K: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr):
         """`decode_range`'s nvfp4 tile [k0, k0 + BK)."""
         BKW: tl.constexpr = BK // 8
@@ -1128,8 +1154,8 @@ if triton is not None:
             s_mask = s_mask & (ks < k_hi // (8 * WPS))[None, :]
         words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :], mask=w_mask,
                         other=0).to(tl.uint32, bitcast=True)
-        sbytes = tl.load(s_ptr + row_off[:, None] * stride_s + ks[None, :], mask=s_mask,
-                         other=0.0).to(tl.uint8, bitcast=True)
+        sbytes = tl.load(s_ptr + row_off[:, None] * stride_sn + ks[None, :] * stride_sg,
+                         mask=s_mask, other=0.0).to(tl.uint8, bitcast=True)
         inv = tl.load(inv_ptr + (k0 // BK) * M + ms, mask=m_ok, other=0.0)[None, :]
         d = _dots(nv_operands(words, _per_word(sbytes, WPS), ASM), tl.zeros(acc.shape,
                   tl.float32), xo_ptr, ms, m_ok, M, K, k0, k_hi, EVEN_K, BKW, DOTS)
@@ -1137,7 +1163,7 @@ if triton is not None:
 
     @triton.jit
     def _int_terms(s_ptr, z_ptr, inv_ptr, xsum_ptr, row_off, row_ok, ms, m_ok, M, k0, k_hi,
-                   stride_s, G: tl.constexpr):
+                   stride_sn, stride_sg, G: tl.constexpr):
         """The groups of the groupwise-int tile at k0 (G of them; nothing past k_hi): each
         row's scale and BIAS + zero point [BN, G], each activation row's inverse scale and
         operand sum [BM, G]."""
@@ -1145,7 +1171,7 @@ if triton is not None:
         live = group < tl.cdiv(k_hi, _GROUP_BK_C)
         w_mask = row_ok[:, None] & live[None, :]
         x_mask = m_ok[:, None] & live[None, :]
-        s_off = row_off[:, None] * stride_s + group[None, :]
+        s_off = row_off[:, None] * stride_sn + group[None, :] * stride_sg
         scale = tl.load(s_ptr + s_off, mask=w_mask, other=0.0).to(tl.float32)
         offset = _INT_F16_BIAS + tl.load(z_ptr + s_off, mask=w_mask, other=0).to(tl.float32)
         x_off = group[None, :] * M + ms[:, None]
@@ -1281,7 +1307,7 @@ if triton is not None:
     @triton.jit
     def _decode_kernel(xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, g_ptr, part_ptr,
                        counter_ptr, out_ptr, hidden_ptr, hxo_ptr, hinv_ptr, hxsum_ptr,
-                       ticket_ptr, M, N, K, stride_w, stride_s, split_len, splits,
+                       ticket_ptr, M, N, K, stride_w, stride_sn, stride_sg, split_len, splits,
                        SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
                        ASM: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
                        BN: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr,
@@ -1294,13 +1320,13 @@ if triton is not None:
         _decode_item(tl.program_id(0), tl.program_id(1), splits, xo_ptr, inv_ptr,
                      xsum_ptr, w_ptr, s_ptr, z_ptr, g_ptr, part_ptr, counter_ptr, out_ptr,
                      hidden_ptr, hxo_ptr, hinv_ptr, hxsum_ptr, ticket_ptr, M, N, K, stride_w,
-                     stride_s, split_len, SCHEME, WPS, BM, ASM, EVEN_K, EVEN_N, BN, BK, DOTS,
-                     HAND_ON, OUT_GROUP, OUT_SUMS, PREFETCH, GDC)
+                     stride_sn, stride_sg, split_len, SCHEME, WPS, BM, ASM, EVEN_K, EVEN_N, BN,
+                     BK, DOTS, HAND_ON, OUT_GROUP, OUT_SUMS, PREFETCH, GDC)
 
     @triton.jit
     def _decode_item(tile, pid_k, splits, xo_ptr, inv_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, g_ptr,
                      part_ptr, counter_ptr, out_ptr, hidden_ptr, hxo_ptr, hinv_ptr, hxsum_ptr,
-                     ticket_ptr, M, N, K, stride_w, stride_s, split_len,
+                     ticket_ptr, M, N, K, stride_w, stride_sn, stride_sg, split_len,
                      SCHEME: tl.constexpr, WPS: tl.constexpr, BM: tl.constexpr,
                      ASM: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
                      BN: tl.constexpr, BK: tl.constexpr, DOTS: tl.constexpr,
@@ -1330,7 +1356,8 @@ if triton is not None:
         wait_for_inputs(GDC)
         acc = decode_range(tl.zeros((BN, BM), tl.float32), xo_ptr, inv_ptr, xsum_ptr, w_ptr,
                            s_ptr, z_ptr, rows.to(tl.int64), row_ok, ms, m_ok, M, K, k_lo, k_hi,
-                           stride_w, stride_s, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK, DOTS)
+                           stride_w, stride_sn, stride_sg, SCHEME, WPS, ASM, EVEN_K, EVEN_N, BK,
+                           DOTS)
         last = _finish_tile(decode_result(acc, SCHEME), pid_k, splits, part_ptr,
                             counter_ptr + tile, g_ptr, out_ptr, rows, row_ok, ms, m_ok, M, N,
                             SCHEME)
@@ -1345,10 +1372,12 @@ if triton is not None:
     def _mlp_block_kernel(
         g_xo_ptr, g_inv_ptr, g_xsum_ptr, g_w_ptr, g_s_ptr, g_z_ptr, g_g_ptr, g_part_ptr,
         g_counter_ptr, g_out_ptr, g_hidden_ptr, g_hxo_ptr, g_hinv_ptr, g_hxsum_ptr,
-        g_ticket_ptr, g_M, g_N, g_K, g_stride_w, g_stride_s, g_split_len, g_splits, g_tiles,
+        g_ticket_ptr, g_M, g_N, g_K, g_stride_w, g_stride_sn, g_stride_sg, g_split_len,
+        g_splits, g_tiles,
         d_xo_ptr, d_inv_ptr, d_xsum_ptr, d_w_ptr, d_s_ptr, d_z_ptr, d_g_ptr, d_part_ptr,
         d_counter_ptr, d_out_ptr, d_hidden_ptr, d_hxo_ptr, d_hinv_ptr, d_hxsum_ptr,
-        d_ticket_ptr, d_M, d_N, d_K, d_stride_w, d_stride_s, d_split_len, d_splits, d_tiles,
+        d_ticket_ptr, d_M, d_N, d_K, d_stride_w, d_stride_sn, d_stride_sg, d_split_len,
+        d_splits, d_tiles,
         sync_ptr, G_SCHEME: tl.constexpr, G_WPS: tl.constexpr, G_BM: tl.constexpr,
         G_ASM: tl.constexpr, G_EVEN_K: tl.constexpr, G_EVEN_N: tl.constexpr,
         G_BN: tl.constexpr, G_BK: tl.constexpr, G_DOTS: tl.constexpr, G_HAND_ON: tl.constexpr,
@@ -1381,8 +1410,9 @@ if triton is not None:
                 tile, item % g_splits, g_splits, g_xo_ptr, g_inv_ptr, g_xsum_ptr, g_w_ptr,
                 g_s_ptr, g_z_ptr, g_g_ptr, g_part_ptr, g_counter_ptr, g_out_ptr, g_hidden_ptr,
                 g_hxo_ptr, g_hinv_ptr, g_hxsum_ptr, g_ticket_ptr, g_M, g_N, g_K, g_stride_w,
-                g_stride_s, g_split_len, G_SCHEME, G_WPS, G_BM, G_ASM, G_EVEN_K, G_EVEN_N,
-                G_BN, G_BK, G_DOTS, G_HAND_ON, G_OUT_GROUP, G_OUT_SUMS, G_PREFETCH, False)
+                g_stride_sn, g_stride_sg, g_split_len, G_SCHEME, G_WPS, G_BM, G_ASM, G_EVEN_K,
+                G_EVEN_N, G_BN, G_BK, G_DOTS, G_HAND_ON, G_OUT_GROUP, G_OUT_SUMS, G_PREFETCH,
+                False)
             if wrote:
                 group = tile * (G_BN // 2) // G_OUT_GROUP
                 tl.debug_barrier()  # the group's operand is stored before its split counts it
@@ -1397,16 +1427,16 @@ if triton is not None:
                 (item - g_items) % d_tiles, split, d_splits, d_xo_ptr, d_inv_ptr, d_xsum_ptr,
                 d_w_ptr, d_s_ptr, d_z_ptr, d_g_ptr, d_part_ptr, d_counter_ptr, d_out_ptr,
                 d_hidden_ptr, d_hxo_ptr, d_hinv_ptr, d_hxsum_ptr, d_ticket_ptr, d_M, d_N, d_K,
-                d_stride_w, d_stride_s, d_split_len, D_SCHEME, D_WPS, D_BM, D_ASM, D_EVEN_K,
-                D_EVEN_N, D_BN, D_BK, D_DOTS, D_HAND_ON, D_OUT_GROUP, D_OUT_SUMS, D_PREFETCH,
-                False)
+                d_stride_w, d_stride_sn, d_stride_sg, d_split_len, D_SCHEME, D_WPS, D_BM, D_ASM,
+                D_EVEN_K, D_EVEN_N, D_BN, D_BK, D_DOTS, D_HAND_ON, D_OUT_GROUP, D_OUT_SUMS,
+                D_PREFETCH, False)
             if tl.atomic_add(done_ptr + split, 1, sem="relaxed") == d_tiles - 1:
                 tl.store(ready_ptr + split, 0)
                 tl.store(done_ptr + split, 0)
 
     @triton.jit
-    def operand_tile(w_ptr, s_ptr, rows, row_ok, k0, stride_w, stride_s, BK: tl.constexpr,
-                     ASM: tl.constexpr):
+    def operand_tile(w_ptr, s_ptr, rows, row_ok, k0, stride_w, stride_sn, stride_sg,
+                     BK: tl.constexpr, ASM: tl.constexpr):
         """nvfp4 weight rows `rows`, inputs [k0, k0 + BK), as tl.dot's [BN, BK] fp16 operand
         by code position, `gemm_operand`'s layout (the decode GEMV's e2m1 * s * 2^-14,
         exact)."""
@@ -1416,7 +1446,7 @@ if triton is not None:
         row_off = rows.to(tl.int64)
         words = tl.load(w_ptr + row_off[:, None] * stride_w + kw[None, :],
                         mask=row_ok[:, None], other=0).to(tl.uint32, bitcast=True)
-        sbytes = tl.load(s_ptr + row_off[:, None] * stride_s + ks[None, :],
+        sbytes = tl.load(s_ptr + row_off[:, None] * stride_sn + ks[None, :] * stride_sg,
                          mask=row_ok[:, None], other=0.0).to(tl.uint8, bitcast=True)
         return _operand_group(nv_operands(words, _per_word(sbytes, 2), ASM), 0, 8)
 
@@ -1435,7 +1465,7 @@ if triton is not None:
 
     @triton.jit
     def _gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, M, N, K, stride_x, stride_w,
-                     stride_s, m_bucket, xo_ptr, inv_ptr, SCHEME: tl.constexpr,
+                     stride_sn, stride_sg, m_bucket, xo_ptr, inv_ptr, SCHEME: tl.constexpr,
                      WPS: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
                      OPERAND: tl.constexpr, ASM: tl.constexpr, BM: tl.constexpr,
                      BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
@@ -1463,10 +1493,11 @@ if triton is not None:
             x_mask = m_ok[:, None] if EVEN_K else m_ok[:, None] & (ks < K)[None, :]
             x = tl.load(x_row + ks[None, :], mask=x_mask, other=0.0)
             if OPERAND:
-                w = operand_tile(w_ptr, s_ptr, rows, row_ok, k0, stride_w, stride_s, BK, ASM)
+                w = operand_tile(w_ptr, s_ptr, rows, row_ok, k0, stride_w, stride_sn, stride_sg,
+                                 BK, ASM)
             else:
-                w = _weight_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w, stride_s,
-                                 SCHEME, WPS, BK, EVEN_K, x_ptr.dtype.element_ty)
+                w = _weight_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w, stride_sn,
+                                 stride_sg, SCHEME, WPS, BK, EVEN_K, x_ptr.dtype.element_ty)
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
         if OPERAND:  # the rows' operand scales
             acc = acc * tl.load(inv_ptr + ms, mask=m_ok, other=0.0)[:, None]
@@ -1477,9 +1508,10 @@ if triton is not None:
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
     @triton.jit
-    def _dequant_kernel(w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, N, K, stride_w, stride_s,
-                        SCHEME: tl.constexpr, WPS: tl.constexpr, GLOBAL: tl.constexpr,
-                        BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    def _dequant_kernel(w_ptr, s_ptr, z_ptr, g_ptr, out_ptr, N, K, stride_w, stride_sn,
+                        stride_sg, SCHEME: tl.constexpr, WPS: tl.constexpr,
+                        GLOBAL: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                        EVEN_K: tl.constexpr):
         """out [BN, BK] tile of the weight, decoded as `_gemm_kernel` feeds it to tl.dot; with
         GLOBAL (nvfp4) times the rows' global scales g, rounded once from fp32 (the tile is
         exact, so (e2m1 s 2^-8)(g 2^8) is the reference's product)."""
@@ -1487,8 +1519,8 @@ if triton is not None:
         row_ok = rows < N
         k0 = tl.program_id(1) * BK
         dtype = out_ptr.dtype.element_ty
-        w = _weight_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w, stride_s, SCHEME,
-                         WPS, BK, EVEN_K, dtype)
+        w = _weight_tile(w_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_w, stride_sn,
+                         stride_sg, SCHEME, WPS, BK, EVEN_K, dtype)
         if GLOBAL:
             g = tl.load(g_ptr + rows, mask=row_ok, other=0.0)
             w = (w.to(tl.float32) * (g * _NV_OUT)[:, None]).to(dtype)
