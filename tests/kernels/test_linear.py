@@ -402,6 +402,21 @@ def test_decode_candidates_cover_every_config_and_split_target() -> None:
     assert len(set(targets)) == 2 and targets[1][1] > targets[0][1]  # more programs at 16
 
 
+def test_candidate_splits_hold_whole_k_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every GPU candidate's K split is a whole number of its config's K tiles (groupwise-int
+    tiles of 512 inputs split in chunks of 512) and covers K."""
+    monkeypatch.setattr(quant_linear, "INTERPRET", False)
+    monkeypatch.setattr(quant_linear, "_sm_count", lambda device: 132)
+    n, k = 5120, 17408
+    for scheme_id in (0, 1):
+        plans = quant_linear.decode_candidates(n, k, scheme_id, torch.device("cpu"))
+        assert {p.config for p in plans} == set(quant_linear.DECODE_CONFIGS[scheme_id])
+        for p in plans:
+            assert p.split_len % p.config.bk == 0 and p.split_len % 256 == 0
+            assert (p.splits - 1) * p.split_len < k <= p.splits * p.split_len
+    assert any(p.config.bk == 512 and p.splits > 1 for p in plans)
+
+
 @pytest.mark.parametrize(("n", "k", "splits"), [
     (5120, 17408, 9),  # down: 360 programs, one wave (14 splits take 1.4, 7 fill 0.7)
     (5120, 6144, 8),  # out_proj / o_proj: 320 programs of 3 chunks, where 6 splits walk 4
@@ -424,7 +439,8 @@ def test_wave_split_fills_whole_waves(monkeypatch: pytest.MonkeyPatch, n: int, k
 def test_every_tuned_decode_config(scheme: str) -> None:
     """Each config the decode tuner may pick on the GPU (whichever it times fastest is
     served) gives the reference result on 8-row and 16-row tiles, K split or not, K a whole
-    number of tiles or not (640: a groupwise-int tile of two groups ends half past K)."""
+    number of tiles or not (640: a groupwise-int tile of two groups ends half past K, one of
+    four a quarter past), split in chunks of the config's granule."""
     scheme_id = 0 if scheme == "nvfp4" else 1
     n = 80
     for k in (512, 640):
@@ -433,7 +449,8 @@ def test_every_tuned_decode_config(scheme: str) -> None:
         for config in quant_linear.DECODE_CONFIGS[scheme_id]:
             for m in (1, 9):
                 x = rand(m, k, dtype=HALF, seed=m)
-                for split in ((k, 1), (256, -(-k // 256))):
+                chunk = quant_linear.granule(config)
+                for split in ((k, 1), (chunk, -(-k // chunk))):
                     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
                     plan = quant_linear.DecodePlan(config, *split)
                     quant_linear._run_decode(x, ops, out, plan)

@@ -136,7 +136,7 @@ _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 SPLIT_TARGETS = (4, 16)
 DECODE_TUNING = True  # False: the first config and split target, untimed (tests)
 _MAX_SPLITS = 16
-_SPLIT_GRANULE = 256  # K chunks are whole multiples of every decode config's BK
+_SPLIT_GRANULE = 256  # K chunks are whole multiples of this and of their config's BK (`granule`)
 GROUP_BK = 128  # one groupwise-int quantization group: the K tile of its decode and GEMMs
 
 
@@ -430,8 +430,8 @@ def k_split(n: int, k: int, device: torch.device, target: int = SPLIT_TARGETS[0]
     return split_len, triton.cdiv(k, split_len)
 
 
-def wave_split(n: int, k: int, device: torch.device, tile_rows: int, per_sm: int
-               ) -> tuple[int, int]:
+def wave_split(n: int, k: int, device: torch.device, tile_rows: int, per_sm: int,
+               granule: int = _SPLIT_GRANULE) -> tuple[int, int]:
     """(split_len, splits) of the decode kernel's K for a grid in whole waves: of every split
     (K chunks of whole granules, at most _MAX_SPLITS), the one whose busiest program slot
     (`per_sm` programs an SM) takes the fewest chunk-walks, waves x (granules a program + 1),
@@ -441,7 +441,7 @@ def wave_split(n: int, k: int, device: torch.device, tile_rows: int, per_sm: int
     one-wave splits they miss: down's 9 splits beat 14 and 7 by 0.6 us a call or more (the
     tuner's pick), out_proj's 8 lost to 6 by 1-2 us (a whole wave is not the loss there)."""
     tiles = triton.cdiv(n, tile_rows)
-    granules = triton.cdiv(k, _SPLIT_GRANULE)
+    granules = triton.cdiv(k, granule)
     slots = per_sm * _sm_count(device)
 
     def walks(chunk: int) -> tuple[int, int]:
@@ -449,7 +449,7 @@ def wave_split(n: int, k: int, device: torch.device, tile_rows: int, per_sm: int
         return triton.cdiv(tiles * splits, slots) * (chunk + 1), splits
 
     chunk = min(range(triton.cdiv(granules, _MAX_SPLITS), granules + 1), key=walks)
-    split_len = chunk * _SPLIT_GRANULE
+    split_len = chunk * granule
     return split_len, triton.cdiv(k, split_len)
 
 
@@ -484,12 +484,14 @@ class DecodePlan:
 # resident programs (Triton 3.6 sm_90 SASS at 8 rows, `scripts/sass_report.py`, no spills;
 # per weight / programs per SM): nvfp4 BN 128 8 dots 3.26 / 3 (2 stages 3.14 / 2), 2 dots
 # 3.18 / 2, BN 64 4 dots 3.63 / 4, 8 dots 3.70 / 5. groupwise-int (2 dots; its tuner never
-# picked 6 stages or 8 dots for the 27B), with its terms loaded a trip ahead: BK 128 BN 128
-# 2.48-2.56 / 5 (2.52 / 7 before), BN 64 3.69 / 7; BK 256 (two groups a trip) BN 128
-# 2.64-2.69 / 4, BN 64 3.36 / 6 (sm_90, one row, 2026-12-07). Under ncu (tenth run) the
-# default config's warps wait mostly on their own ALU results ("wait", 0.95 cycles an issued
-# instruction) and on global loads (0.49), and find the ALU pipe busy (0.33): the decode's
-# integer work is the bound.
+# picked 6 stages or 8 dots for the 27B), its terms loaded a trip ahead from group-major
+# scales: BK 128 BN 128 2.67 / 5-6, BN 64 3.62 / 7; BK 256 (two groups a trip; the tuner's
+# pick for most 27B shapes on the H100, thirty-fourth run) BN 128 2.61 / 4, BN 64 3.25 / 5-6;
+# BK 512 (four; K splits in chunks of 512) BN 128 2.25 / 3, BN 64 2.76 / 4 (sm_90, one row,
+# 2026-12-07; the register counts move by up to 16 between compilations). Under ncu (tenth
+# run) the default config's warps wait mostly on their own ALU results ("wait", 0.95 cycles
+# an issued instruction) and on global loads (0.49), and find the ALU pipe busy (0.33): the
+# decode's integer work is the bound.
 # On the H200 (`scripts/decode_probe.py`, docs/perf.md, ninth run) the nvfp4 K loop is bound
 # by the decode's issue, not by the tile stream or the dots: without its dots it is no
 # faster, without its decode it streams at 85% of bandwidth; BN 128 with 8 dots at 2-3
@@ -510,7 +512,7 @@ DECODE_CONFIGS = {
     _INT_ID: [DecodeConfig(bn, bk, w, s, d, p) for bn, bk, w, s, d, p in (
         (128, 128, 4, 4, 2, 5), (128, 128, 4, 3, 2, 5), (64, 128, 4, 4, 2, 7),
         (64, 128, 4, 3, 2, 7), (128, 256, 4, 3, 2, 4), (128, 256, 4, 2, 2, 4),
-        (64, 256, 4, 3, 2, 6))],
+        (64, 256, 4, 3, 2, 6), (128, 512, 4, 2, 2, 3), (64, 512, 4, 2, 2, 4))],
 }
 # the interpreter's cost grows with programs and ops a program: wide tiles and 2 dots (the
 # engine tests' tiny models in half the time; their weights still span several tiles)
@@ -532,12 +534,19 @@ def decode_candidates(n: int, k: int, scheme: int, device: torch.device) -> list
     with the K split of each of SPLIT_TARGETS and its `wave_split` (distinct splits only);
     the first is the default."""
     configs = [_INTERPRETER_CONFIGS[scheme]] if INTERPRET else DECODE_CONFIGS[scheme]
-    targets = [k_split(n, k, device, t) for t in SPLIT_TARGETS]
     plans = []
     for c in configs:
-        waves = [wave_split(n, k, device, c.bn, c.per_sm)] if DECODE_WAVE_SPLIT else []
+        targets = [k_split(n, k, device, t, granule=granule(c)) for t in SPLIT_TARGETS]
+        waves = ([wave_split(n, k, device, c.bn, c.per_sm, granule(c))] if DECODE_WAVE_SPLIT
+                 else [])
         plans += [DecodePlan(c, *split) for split in dict.fromkeys([*targets, *waves])]
     return plans
+
+
+def granule(config: DecodeConfig) -> int:
+    """The K chunks a config's splits are whole multiples of: its K tiles must not straddle
+    two splits."""
+    return max(_SPLIT_GRANULE, config.bk)
 
 
 def swiglu_decode(x: torch.Tensor, w: PackedWeight, spec: tuple[int, bool],
@@ -1181,12 +1190,16 @@ if triton is not None:
 
     @triton.jit
     def _column(t, g: tl.constexpr, G: tl.constexpr):
-        """Column g of t [R, G] (G 1 or 2), as [R]."""
+        """Column g of t [R, G] (G 1, 2 or 4), as [R]."""
         if G == 1:
             column = tl.reshape(t, (t.shape[0],))
-        else:
+        elif G == 2:
             first, second = tl.split(t)
             column = first if g == 0 else second
+        else:  # [R, 2 (g // 2), 2 (g's low bit)]
+            even, odd = tl.split(tl.reshape(t, (t.shape[0], 2, 2)))
+            first, second = tl.split(even if g // 2 * 2 == g else odd)
+            column = first if g < 2 else second
         return column
 
     @triton.jit
@@ -1550,5 +1563,5 @@ if triton is not None:
         _configs(_GEMM_SPACE, ({"BM": 32, "BN": 64, "BK": OPERAND_BLOCK_K, "GROUP_M": 2}, 4, 1)),
         key=["m_bucket", "N", "K", "SCHEME", "OPERAND"], do_bench=_graph_bench,
         cache_results=True)(triton.heuristics({"EVEN_K": _even_k})(_gemm_kernel))
-    assert all(c.bk <= _SPLIT_GRANULE and _SPLIT_GRANULE % c.bk == 0
+    assert all(granule(c) % c.bk == 0 and granule(c) % _SPLIT_GRANULE == 0
                for cs in DECODE_CONFIGS.values() for c in cs)
