@@ -65,5 +65,6 @@ for name in "$@"; do
   echo "$tagged rc=$? $((SECONDS - s))s (${SECONDS}s in all)" | tee -a "$out/stages.txt"
   grep -h "^| prefill\|^| decode" "$out/$tagged"/*.md 2>/dev/null | tee -a "$out/stages.txt"
 done
-# the plans each candidate list's tuner chose (key -> index into decode_candidates)
+# the plans each candidate list's tuner chose (key -> index into decode_candidates; read back
+# as configs and K splits by scripts/tuned_plans.py)
 cp -r "$NINFER_HOME/tuning" "$out/" 2>/dev/null
