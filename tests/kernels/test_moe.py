@@ -192,12 +192,13 @@ def test_decode_sizes_take_the_gemv_path(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("dots", [2, 8])
-@pytest.mark.parametrize("scheme", ["nvfp4", "int4"])
-def test_tensor_core_decode(scheme: str, dots: int, splits: int,
+@pytest.mark.parametrize(("scheme", "bk"), [("nvfp4", 256), ("int4", 128), ("int4", 256)])
+def test_tensor_core_decode(scheme: str, bk: int, dots: int, splits: int,
                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Packed experts with half activations take the tensor-core stages (ops.quant_linear's
-    decode tile per pair); every config and K split gives the reference, and the arrival
-    counters that add the K parts and a token's pairs are left at zero."""
+    decode tile per pair); every config, K tile (int4: one or two groups, the last tile of
+    K 384 and of K 128 part-filled) and K split gives the reference, and the arrival counters
+    that add the K parts and a token's pairs are left at zero."""
     ran = []
     stage = moe._tensor_core_stage
     monkeypatch.setattr(moe, "_tensor_core_stage",
@@ -207,7 +208,7 @@ def test_tensor_core_decode(scheme: str, dots: int, splits: int,
         moe._stage_plans.clear()
         candidate = moe._stage_candidates(inter, hidden, moe.NVFP4 if scheme == "nvfp4"
                                           else moe.INT4, True)[0]
-        plan = moe._StagePlan(dataclasses.replace(candidate.config, dots=dots), splits)
+        plan = moe._StagePlan(dataclasses.replace(candidate.config, dots=dots, bk=bk), splits)
         monkeypatch.setattr(moe, "_stage_candidates", lambda *a, plan=plan: [plan])
         x, gate_up, down, weights, ids = experts_case(scheme, tokens, hidden, inter, HALF,
                                                       top_k=top_k)
@@ -413,3 +414,13 @@ def test_tuned_tensor_core_decode_gives_the_reference(tmp_path: Path,
     expected = moe_experts_ref(x.float(), gate_up, down, weights, ids)
     torch.testing.assert_close(out.float(), expected, rtol=4e-3,
                                atol=4e-3 * expected.abs().max().item())
+
+
+def test_int_stages_tune_tiles_of_one_and_two_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the GPU the groupwise-int stages' tuner also times K tiles of two 128-input groups
+    (nvfp4's tile is its operand group, 256); every K split holds whole tiles."""
+    monkeypatch.setattr(moe, "INTERPRET", False)
+    for scheme, tiles in ((moe.INT4, {128, 256}), (moe.NVFP4, {256})):
+        plans = moe._stage_candidates(512, 2048, scheme, True)
+        assert {p.config.bk for p in plans} == tiles
+        assert all(p.splits <= 2048 // p.config.bk for p in plans)

@@ -569,15 +569,19 @@ _DECODE_LAYOUTS = {NVFP4: quant_linear.LAYOUTS["nvfp4"],
 def _stage_candidates(n: int, k: int, scheme: int, swiglu: bool) -> list[_StagePlan]:
     """Configs and K splits the stage's tuner times; the first is the default. A program
     covers BN output columns, so gate|up tiles hold 2 BN weight rows (>= 64, one warp group's
-    MMA); K tile and pipeline depth as the dense decode's configs for the scheme."""
+    MMA); pipeline depth as the dense decode's first config for the scheme, its K tile too,
+    and for groupwise-int also tiles of two groups (fewer trips, each with its wait and
+    bookkeeping: the dense decode's pick for most 27B shapes, docs/perf.md, thirty-fourth
+    run)."""
     dense = quant_linear.DECODE_CONFIGS[_DECODE_LAYOUTS[scheme].scheme][0]
-    bk, stages = dense.bk, dense.stages
     if INTERPRET:
-        return [_StagePlan(quant_linear.DecodeConfig(64 if swiglu else 128, bk, 4, 1, 2), 2)]
+        return [_StagePlan(quant_linear.DecodeConfig(64 if swiglu else 128, dense.bk, 4, 1, 2),
+                           2)]
     widths = (32, 64) if swiglu else (64, 128)
-    k_tiles = triton.cdiv(k, bk)
-    return [_StagePlan(quant_linear.DecodeConfig(bn, bk, 4, stages, dots), splits)
-            for bn in widths for dots in (2, 8) for splits in (1, 2, 4) if splits <= k_tiles]
+    tiles = (dense.bk, 2 * dense.bk) if scheme == INT4 else (dense.bk,)
+    return [_StagePlan(quant_linear.DecodeConfig(bn, bk, 4, dense.stages, dots), splits)
+            for bk in tiles for bn in widths for dots in (2, 8) for splits in (1, 2, 4)
+            if splits <= triton.cdiv(k, bk)]
 
 
 def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tensor,
@@ -625,9 +629,10 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
     c = plan.config
     assert hand_on is None or (swiglu and hand_on.group % c.bn == 0), \
         "moe_experts: an output operand for gate|up in groups of whole column tiles"
+    group = _DECODE_LAYOUTS[w.scheme].operand_group
     if operand is None:
-        operand = quant_linear.activation_operands(a, c.bk, w.scheme == INT4)
-    assert operand.group == c.bk, "moe_experts: a decode operand of another K tile"
+        operand = quant_linear.activation_operands(a, group, w.scheme == INT4)
+    assert operand.group == group, "moe_experts: a decode operand of another group"
     e, rows, k = w.shape
     n = rows // 2 if swiglu else rows
     pairs, top_k = ids.numel(), ids.shape[-1]

@@ -170,6 +170,11 @@ class _Layout:
     scheme: int  # the kernels' SCHEME constexpr
     words_per_scale: int  # int32 words (8 codes each) that share one scale
 
+    @property
+    def operand_group(self) -> int:
+        """The inputs the decode kernels' activation operand is scaled in groups of."""
+        return _OPERAND_GROUPS[self.scheme]
+
 
 _NVFP4_ID, _INT_ID = 0, 1
 LAYOUTS = {"nvfp4": _Layout(_NVFP4_ID, 2), "groupwise-int": _Layout(_INT_ID, 16)}
@@ -299,7 +304,7 @@ def operand_buffers(operand: DecodeOperand | None, unused: torch.Tensor) -> tupl
 def operand_group(w: PackedWeight) -> int:
     """The inputs the activation operand of w's scheme is scaled in groups of
     (`_OPERAND_GROUPS`)."""
-    return _OPERAND_GROUPS[LAYOUTS[w.scheme.name].scheme]
+    return LAYOUTS[w.scheme.name].operand_group
 
 
 def needs_group_sums(w: PackedWeight) -> bool:
@@ -820,7 +825,7 @@ def _decode_args(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decod
     `operand` is given."""
     m, n, k = x.shape[0], out.shape[1], ops.words.shape[1] * 8
     c = plan.config
-    group = _OPERAND_GROUPS[ops.layout.scheme]
+    group = ops.layout.operand_group
     if operand is None:
         operand = activation_operands(x, group, ops.layout.scheme == _INT_ID, swiglu)
     else:
