@@ -43,8 +43,9 @@ export NINFER_HOME=/tmp/ninfer-ab
 mkdir -p /tmp/artifacts "$NINFER_HOME/tuning"
 cp -n ab/tuning/*.json "$NINFER_HOME/tuning/" 2>/dev/null
 if [ -n "${TESTS:-}" ]; then  # GPU tests beside the build, which leaves the GPU idle
+  # SIGINT at the limit: pytest stops and still prints its summary (what passed, what failed)
   # shellcheck disable=SC2086  # TESTS is a list of test files
-  timeout "${TEST_SECONDS:-120}" python3 -m pytest -q -p no:cacheprovider $TESTS \
+  timeout -s INT -k 15 "${TEST_SECONDS:-120}" python3 -m pytest -q -p no:cacheprovider $TESTS \
     ${TESTS_K:+-k "$TESTS_K"} > "$out/tests.txt" 2>&1 &
 fi
 [ -f "$artifact" ] || timeout 420 python3 -m ninfer_convert.cli build "$PROFILE" --random-init \
