@@ -34,6 +34,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -305,16 +306,18 @@ def main() -> None:
               "docstring for running this on it")
     print(f"{'variant':<58} {'/wt':>6} {'loop':>6} {'wt/th':>5} {'reg':>4} {'p/SM':>4} "
           f"{'stack':>5} {'LDL+STL':>6}  top opcodes")
-    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "ninfer_sass_report"
-    tmp.mkdir(parents=True, exist_ok=True)
-    if not args.no_decode:
-        decode_variants(args.asm == "on", tmp)
-    if args.gemm:
-        gemm_variants(tmp)
-    if args.moe:
-        moe_variants(tmp)
-    if args.attention:
-        attention_variants(tmp)
+    # a directory of this process's own: two reports at once (two trees side by side) wrote
+    # each other's cubins into a shared one and printed the other's registers
+    with tempfile.TemporaryDirectory(prefix="ninfer_sass_report") as name:
+        tmp = Path(name)
+        if not args.no_decode:
+            decode_variants(args.asm == "on", tmp)
+        if args.gemm:
+            gemm_variants(tmp)
+        if args.moe:
+            moe_variants(tmp)
+        if args.attention:
+            attention_variants(tmp)
 
 
 if __name__ == "__main__":
