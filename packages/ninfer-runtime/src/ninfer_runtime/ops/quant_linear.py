@@ -490,13 +490,12 @@ class DecodePlan:
 # per weight / programs per SM): nvfp4 BN 128 8 dots 3.26 / 3 (2 stages 3.14 / 2), 2 dots
 # 3.18 / 2, BN 64 4 dots 3.63 / 4, 8 dots 3.70 / 5. groupwise-int (2 dots; its tuner never
 # picked 6 stages or 8 dots for the 27B), its terms loaded a trip ahead from group-major
-# scales: BK 128 BN 128 2.67 / 5-6, BN 64 3.62 / 7; BK 256 (two groups a trip; the tuner's
-# pick for most 27B shapes on the H100, thirty-fourth run) BN 128 2.61 / 4, BN 64 3.25 / 5-6;
+# scales: BK 128 BN 128 2.67 / 6, BN 64 3.62 / 7; BK 256 (two groups a trip; the tuner's
+# pick for most 27B shapes on the H100, thirty-fourth run) BN 128 2.61 / 4, BN 64 3.25 / 5;
 # BK 512 (four; K splits in chunks of 512) BN 128 2.25 / 3, BN 64 2.76 / 4 (sm_90, one row,
-# 2026-12-07; the register counts move by up to 16 between compilations). Under ncu (tenth
-# run) the default config's warps wait mostly on their own ALU results ("wait", 0.95 cycles
-# an issued instruction) and on global loads (0.49), and find the ALU pipe busy (0.33): the
-# decode's integer work is the bound.
+# 2026-12-07). Under ncu (tenth run) the default config's warps wait mostly on their own ALU
+# results ("wait", 0.95 cycles an issued instruction) and on global loads (0.49), and find
+# the ALU pipe busy (0.33): the decode's integer work is the bound.
 # On the H200 (`scripts/decode_probe.py`, docs/perf.md, ninth run) the nvfp4 K loop is bound
 # by the decode's issue, not by the tile stream or the dots: without its dots it is no
 # faster, without its decode it streams at 85% of bandwidth; BN 128 with 8 dots at 2-3
@@ -515,9 +514,9 @@ DECODE_CONFIGS = {
         (128, 256, 4, 3, 8, 3), (128, 256, 4, 2, 8, 3), (128, 256, 4, 3, 2, 3),
         (64, 256, 4, 4, 4, 5), (64, 256, 4, 4, 8, 5))],
     _INT_ID: [DecodeConfig(bn, bk, w, s, d, p) for bn, bk, w, s, d, p in (
-        (128, 128, 4, 4, 2, 5), (128, 128, 4, 3, 2, 5), (64, 128, 4, 4, 2, 7),
+        (128, 128, 4, 4, 2, 6), (128, 128, 4, 3, 2, 6), (64, 128, 4, 4, 2, 7),
         (64, 128, 4, 3, 2, 7), (128, 256, 4, 3, 2, 4), (128, 256, 4, 2, 2, 4),
-        (64, 256, 4, 3, 2, 6), (128, 512, 4, 2, 2, 3), (64, 512, 4, 2, 2, 4))],
+        (64, 256, 4, 3, 2, 5), (128, 512, 4, 2, 2, 3), (64, 512, 4, 2, 2, 4))],
 }
 # the interpreter's cost grows with programs and ops a program: wide tiles and 2 dots (the
 # engine tests' tiny models in half the time; their weights still span several tiles)
