@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer_runtime.models.layers import gated_norm, mlp
-from ninfer_runtime.models.weights import MLPWeights
+from ninfer_runtime.models.weights import MLPWeights, WeightReader
 from ninfer_runtime.ops import quant_linear
 from ninfer_runtime.ops.activation import silu_and_mul
 from ninfer_runtime.ops.linear import (
@@ -287,6 +287,21 @@ def test_row_major_int_scales_give_the_same_bits(m: int) -> None:
     x = rand(m, k, dtype=HALF, seed=m)
     assert torch.equal(linear(x, rows), linear(x, w))
     assert torch.equal(quant_linear.dequantize(rows, HALF), quant_linear.dequantize(w, HALF))
+
+
+def test_the_model_loads_int_linear_weights_group_major() -> None:
+    """A model's linear layers take their groupwise-int terms group-major whatever the
+    artifact stored (row-major), the same values; nvfp4 weights as stored."""
+
+    int_w, nv = packed("groupwise-int", 48, 256), packed("nvfp4", 48, 256)
+    stored = PackedWeight(int_w.scheme, {r: p.contiguous() for r, p in int_w.parts.items()},
+                          int_w.shape)
+    reader = WeightReader({"int.weight": stored, "nv.weight": nv}, HALF, DEVICE)
+    loaded = reader.linear("int.weight", 48, 256)
+    for role, part in loaded.parts.items():
+        assert torch.equal(part, stored.parts[role])
+        assert part.stride() == ((1, 48) if role != "weight" else (128, 1))
+    assert all(p.is_contiguous() for p in reader.linear("nv.weight", 48, 256).parts.values())
 
 
 def test_group_major_leaves_other_weights_as_they_are() -> None:
