@@ -292,7 +292,6 @@ def test_row_major_int_scales_give_the_same_bits(m: int) -> None:
 def test_the_model_loads_int_linear_weights_group_major() -> None:
     """A model's linear layers take their groupwise-int terms group-major whatever the
     artifact stored (row-major), the same values; nvfp4 weights as stored."""
-
     int_w, nv = packed("groupwise-int", 48, 256), packed("nvfp4", 48, 256)
     stored = PackedWeight(int_w.scheme, {r: p.contiguous() for r, p in int_w.parts.items()},
                           int_w.shape)
