@@ -106,7 +106,8 @@ def main_loop(dump: str) -> Loop:
     return (loops(dump) or [Loop(0, collections.Counter())])[0]
 
 
-def compile_variant(fn, signature: dict[str, str], constexprs: dict, warps: int, stages: int):
+def compile_variant(fn, signature: dict[str, str], constexprs: dict, warps: int, stages: int,
+                    maxnreg: int | None = None):
     for name in constexprs:
         signature[name] = "constexpr"
     # what Triton's launcher specializes for real shapes: 16-byte aligned pointers, strides,
@@ -116,7 +117,10 @@ def compile_variant(fn, signature: dict[str, str], constexprs: dict, warps: int,
                       or name in ("N", "K", "split_len", "m_bucket"))]
     attrs = {(i,): [["tt.divisibility", 16]] for i in divisible}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=TARGET, options={"num_warps": warps, "num_stages": stages})
+    options = {"num_warps": warps, "num_stages": stages}
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
+    return triton.compile(src, target=TARGET, options=options)
 
 
 def programs_per_sm(regs: int, smem: int, warps: int) -> int:
@@ -166,8 +170,10 @@ def decode_variants(asm: bool, tmp: Path) -> None:
                    "EVEN_K": True, "EVEN_N": EVEN_N, "BN": bn, "BK": bk, "DOTS": cfg.dots,
                    "HAND_ON": False, "OUT_GROUP": bn, "OUT_SUMS": False, "PREFETCH": PREFETCH,
                    "GDC": True, **UNIT_STRIDES[scheme]}
-            k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages)
-            label = f"decode {scheme} BN={bn} BK={bk} w={cfg.warps} s={cfg.stages} d={cfg.dots}"
+            cap = ql.register_cap(cfg.per_sm, cfg.warps) if cfg.capped else None
+            k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages, cap)
+            label = (f"decode {scheme} BN={bn} BK={bk} w={cfg.warps} s={cfg.stages} d={cfg.dots}"
+                     + (f" cap={cap}" if cap else ""))
             report(label, k, bn * bk // (32 * cfg.warps), tmp)
 
 

@@ -48,7 +48,8 @@ def plan_of(key: tuple, digest: str, index: int) -> str | None:
         return None
     p = plans[index]
     c = p.config
-    return (f"BN {c.bn} BK {c.bk} {c.warps} warps {c.stages} stages {c.dots} dots, "
+    capped = f", capped at {c.per_sm} an SM" if c.capped else ""
+    return (f"BN {c.bn} BK {c.bk} {c.warps} warps {c.stages} stages {c.dots} dots{capped}, "
             f"{p.splits} x {p.split_len}  ({index + 1} of {len(plans)})")
 
 

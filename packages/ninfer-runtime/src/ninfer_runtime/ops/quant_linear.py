@@ -80,7 +80,7 @@ import math
 import os
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -468,6 +468,16 @@ class DecodeConfig:
     # programs an SM holds (registers, shared memory) at one activation row: sm_90, Triton
     # 3.6, `scripts/sass_report.py`; sizes `wave_split`'s candidate
     per_sm: int = 3
+    # launched with the register cap that holds per_sm programs an SM (`register_cap`), not at
+    # the registers the compiler picks (which hold fewer); out of the repr, so the tuning
+    # cache's digests of the lists without a capped config stay what they were
+    capped: bool = field(default=False, repr=False)
+
+
+def register_cap(per_sm: int, warps: int) -> int:
+    """The most registers a thread may take for `per_sm` programs of `warps` warps to fit an
+    SM (a multiple of 8, as ptxas allocates them)."""
+    return _REGISTERS // (per_sm * 32 * warps) // 8 * 8
 
 
 @dataclass(frozen=True)
@@ -516,7 +526,10 @@ DECODE_CONFIGS = {
     _INT_ID: [DecodeConfig(bn, bk, w, s, d, p) for bn, bk, w, s, d, p in (
         (128, 128, 4, 4, 2, 6), (128, 128, 4, 3, 2, 6), (64, 128, 4, 4, 2, 7),
         (64, 128, 4, 3, 2, 7), (128, 256, 4, 3, 2, 4), (128, 256, 4, 2, 2, 4),
-        (64, 256, 4, 3, 2, 5), (128, 512, 4, 2, 2, 3), (64, 512, 4, 2, 2, 4))],
+        (64, 256, 4, 3, 2, 5), (128, 512, 4, 2, 2, 3), (64, 512, 4, 2, 2, 4))]
+    # the two-group tile at 5 programs an SM instead of 4 (96 registers, not 127: one spill in
+    # its loop, 2.64 instructions a weight against 2.61)
+    + [DecodeConfig(128, 256, 4, 2, 2, 5, capped=True)],
 }
 # the interpreter's cost grows with programs and ops a program: wide tiles and 2 dots (the
 # engine tests' tiny models in half the time; their weights still span several tiles)
@@ -633,10 +646,12 @@ def mlp_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight,
     sync = pool[used + d_used:]  # the work ticket, then each down split's ready and done counts
     assert used + d_used + 1 + 2 * dplan.splits <= pool.numel(), "mlp_decode: too many counters"
     launch_kw = {key: g_kw.pop(key) for key in ("num_warps", "num_stages")}
+    for kw in (g_kw, d_kw):
+        kw.pop("maxnreg", None)
     del d_kw["num_warps"], d_kw["num_stages"]
     if not INTERPRET:  # the occupancy the plans were tuned at (`DecodeConfig.per_sm`)
         per_sm = min(gplan.config.per_sm, dplan.config.per_sm)
-        launch_kw["maxnreg"] = _REGISTERS // (per_sm * 32 * launch_kw["num_warps"]) // 8 * 8
+        launch_kw["maxnreg"] = register_cap(per_sm, launch_kw["num_warps"])
     launch(_mlp_block_kernel, (math.prod(g_grid) + math.prod(d_grid),), *g_args, g_grid[0],
            *d_args, d_grid[0], sync, **{f"G_{key}": v for key, v in g_kw.items()},
            **{f"D_{key}": v for key, v in d_kw.items()}, **launch_kw, **options(x.device))
@@ -861,11 +876,12 @@ def decode_tile_args(layout: _Layout, config: DecodeConfig, n: int, k: int, m: i
     `layout` with k inputs and m activation rows, as the dense decode kernel and ops.moe's
     expert decode pass them; n is the N their row tiles split BN at a time (EVEN_N: whole
     tiles), the kernel's own N argument."""
+    cap = {"maxnreg": register_cap(config.per_sm, config.warps)} if config.capped else {}
     return dict(SCHEME=layout.scheme, WPS=layout.words_per_scale, BM=decode_rows(m),
                 ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % config.bk == 0,
                 EVEN_N=DECODE_EVEN_N and n % config.bn == 0, BN=config.bn,
                 BK=config.bk, DOTS=config.dots, num_warps=config.warps,
-                num_stages=config.stages)
+                num_stages=config.stages, **cap)
 
 
 _MAX_TILES = 1 << 16  # row tiles a decode call may have (N <= 4M at BN = 64)
