@@ -42,8 +42,7 @@ def plan_of(key: tuple, digest: str, index: int) -> str | None:
     do not give the stored digest."""
     n, k, _, _, scheme = key[:5]
     launched_as = key[7] if len(key) > 7 else None
-    plans = [p for p in ql.decode_candidates(n, k, scheme, torch.device("cuda"))
-             if launched_as in (None, (p.config.warps, p.config.stages))]
+    plans = ql.launch_candidates(n, k, scheme, torch.device("cuda"), launched_as)
     if tuning_cache.entry_key(key, plans).rsplit("#", 1)[1] != digest:
         return None
     p = plans[index]
@@ -64,9 +63,8 @@ def main() -> None:
     print("weight N x K, rows (one-row plan), scheme -> plan")
     for entry, index in sorted(entries.items()):
         key, digest = parse(entry)
-        if not (isinstance(key[0], int) and key[4] in SCHEMES and isinstance(key[1], int)
-                and key[0] > 16):
-            continue  # an MoE stage's key
+        if type(key[3]) is not bool:  # a dense key's one-row flag; an MoE stage's K
+            continue
         plan = plan_of(key, digest, index)
         head = f"{key[0]} x {key[1]}, {key[2]} ({key[3]}), {SCHEMES[key[4]]}"
         print(f"{head:<44} -> {plan or 'candidates changed since: tuned again'}")

@@ -560,6 +560,14 @@ def decode_candidates(n: int, k: int, scheme: int, device: torch.device) -> list
     return plans
 
 
+def launch_candidates(n: int, k: int, scheme: int, device: torch.device,
+                      launched_as: tuple[int, int] | None) -> list[DecodePlan]:
+    """`decode_candidates`, with `launched_as` (warps, pipeline stages) only those that
+    launch so (`_decode_plan`'s list for a plan sharing a launch)."""
+    return [p for p in decode_candidates(n, k, scheme, device)
+            if launched_as in (None, (p.config.warps, p.config.stages))]
+
+
 def granule(config: DecodeConfig) -> int:
     """The K chunks a config's splits are whole multiples of: its K tiles must not straddle
     two splits."""
@@ -676,8 +684,7 @@ def _decode_plan(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: boo
     key = _decode_key(n, k, ops.layout, x)
 
     def candidates() -> list[DecodePlan]:  # only on a key's first call
-        plans = decode_candidates(n, k, ops.layout.scheme, x.device)
-        return [p for p in plans if launched_as in (None, (p.config.warps, p.config.stages))]
+        return launch_candidates(n, k, ops.layout.scheme, x.device, launched_as)
 
     if launched_as is not None:
         key = (*key, launched_as)
