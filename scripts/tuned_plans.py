@@ -46,10 +46,7 @@ def plan_of(key: tuple, digest: str, index: int) -> str | None:
     if tuning_cache.entry_key(key, plans).rsplit("#", 1)[1] != digest:
         return None
     p = plans[index]
-    c = p.config
-    capped = f", capped at {c.per_sm} an SM" if c.capped else ""
-    return (f"BN {c.bn} BK {c.bk} {c.warps} warps {c.stages} stages {c.dots} dots{capped}, "
-            f"{p.splits} x {p.split_len}  ({index + 1} of {len(plans)})")
+    return f"{p.config.describe()}; {p.splits} x {p.split_len}  ({index + 1} of {len(plans)})"
 
 
 def main() -> None:

@@ -34,8 +34,7 @@ def test_tuned_plans_reads_back_the_stored_choice(tmp_path: Path,
                          env=env, capture_output=True, text=True, check=True).stdout
     lines = {line.split(",")[0]: line for line in out.splitlines()}
     p = plans[index]
-    capped = f", capped at {p.config.per_sm} an SM" if p.config.capped else ""
-    assert (f"BN {p.config.bn} BK {p.config.bk} {p.config.warps} warps {p.config.stages} "
-            f"stages {p.config.dots} dots{capped}, {p.splits} x {p.split_len}  "
+    assert (f"{p.config.describe()}; {p.splits} x {p.split_len}  "
             f"({index + 1} of {len(plans)})") in lines["5120 x 6144"]
+    assert p.config.capped == ("capped at" in lines["5120 x 6144"])
     assert "candidates changed since" in lines["16384 x 5120"]

@@ -205,7 +205,8 @@ def test_tuned_choices_name_each_plan_and_config(monkeypatch: pytest.MonkeyPatch
         (5120, 17408, 8, True, 0, torch.bfloat16, False, cuda, (4, 3)):
             quant_linear.DecodePlan(config, 2048, 9)})
     monkeypatch.setattr(moe, "_stage_plans", {
-        (1, 8, 512, 2048, 0, True, torch.bfloat16, cuda): moe._StagePlan(config, 2)})
+        (1, 8, 512, 2048, 0, True, torch.bfloat16, cuda):
+            moe._StagePlan(quant_linear.DecodeConfig(128, 256, 4, 2, 2, 5, capped=True), 2)})
     monkeypatch.setattr(attention._paged_attention_kernel, "cache", {
         (16, 6, 256, True, 64, True, False, True, 128, "torch.bfloat16"):
             triton.Config({"BLOCK_N": 32, "PREFETCH": 1}, num_warps=8, num_stages=1)})
@@ -216,7 +217,8 @@ def test_tuned_choices_name_each_plan_and_config(monkeypatch: pytest.MonkeyPatch
                         "3 stages, 2 dots, 7 splits")
     assert lines[2] == ("decode GEMV 5120 x 17408, one row, in the MLP's launch: BN 128 BK "
                         "256, 4 warps, 3 stages, 2 dots, 9 splits")
-    assert lines[3].startswith("MoE gate_up stage 512 x 2048, 1 tokens x top-8: BN 128")
+    assert lines[3] == ("MoE gate_up stage 512 x 2048, 1 tokens x top-8: BN 128 BK 256, 4 "
+                        "warps, 2 stages, 2 dots, capped at 5 an SM, 2 splits")
     assert lines[4].startswith("paged attention BLOCK_M 16, GROUP_HEADS 6, HEAD_DIM 256, "
                                "QUANT True, NUM_SPLITS 64, CAUSAL True, HAS_WINDOW False, "
                                "ASM True, min_split_tokens 128: ")

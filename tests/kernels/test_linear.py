@@ -641,13 +641,16 @@ def test_the_mlp_block_keeps_the_two_launches_bits(scheme: str, inter: int, m: i
     assert mlp_decode(x, gate_up, down) is None
 
 
-def test_a_capped_config_launches_at_its_register_cap(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A capped config (groupwise-int's two-group tile at 5 programs an SM) launches with the
-    most registers that fit its per_sm programs, the others at the compiler's; the MLP block
-    sets its own cap, and with a capped gate|up plan still gives the two launches' bits."""
-    layout = quant_linear.LAYOUTS["groupwise-int"]
-    assert any(c.capped for c in quant_linear.DECODE_CONFIGS[quant_linear._INT_ID])
-    for c in quant_linear.DECODE_CONFIGS[quant_linear._INT_ID]:
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_capped_config_launches_at_its_register_cap(scheme: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capped config (a tile at more programs an SM than its registers allow) launches with
+    the most registers that fit its per_sm programs, the others at the compiler's; the MLP
+    block sets its own cap, and with a capped gate|up plan still gives the two launches' bits."""
+    layout = quant_linear.LAYOUTS[scheme]
+    configs = quant_linear.DECODE_CONFIGS[layout.scheme]
+    assert any(c.capped for c in configs) and not configs[0].capped  # the MoE stages' base
+    for c in configs:
         args = quant_linear.decode_tile_args(layout, c, 5120, 5120, 1)
         if not c.capped:
             assert "maxnreg" not in args
@@ -655,12 +658,14 @@ def test_a_capped_config_launches_at_its_register_cap(monkeypatch: pytest.Monkey
         threads = c.per_sm * c.warps * 32
         assert args["maxnreg"] % 8 == 0 and threads * args["maxnreg"] <= 65536
         assert threads * (args["maxnreg"] + 8) > 65536
-    monkeypatch.setitem(quant_linear._INTERPRETER_CONFIGS, quant_linear._INT_ID,
-                        quant_linear.DecodeConfig(64, 128, 4, 1, 2, 5, capped=True))
+    first = quant_linear._INTERPRETER_CONFIGS[layout.scheme]
+    monkeypatch.setitem(quant_linear._INTERPRETER_CONFIGS, layout.scheme,
+                        dataclasses.replace(first, per_sm=5, capped=True))
     monkeypatch.setattr(quant_linear, "_decode_plans", {})
-    gate_up, down = packed("groupwise-int", 768, 256), packed("groupwise-int", 96, 384, seed=1)
+    gate_up, down = packed(scheme, 768, 256), packed(scheme, 96, 384, seed=1)
     x = rand(2, 256, dtype=HALF) * 4
-    hidden, operand = swiglu_with_operand(x, gate_up, (128, True))
+    spec = (quant_linear.operand_group(down), quant_linear.needs_group_sums(down))
+    hidden, operand = swiglu_with_operand(x, gate_up, spec)
     assert torch.equal(mlp_decode(x, gate_up, down), linear(hidden, down, operand))
     assert all(plan.config.capped for plan in quant_linear._decode_plans.values())
 

@@ -196,17 +196,14 @@ def tuned_choices() -> list[str]:
 
     lines = []
     for (n, k, rows, one_row, *rest), plan in quant_linear._decode_plans.items():
-        c = plan.config
         shown = "one row" if one_row else f"{rows}-row tile"
         if isinstance(rest[-1], tuple):  # tuned to share gate|up's launch (`mlp_decode`)
             shown += ", in the MLP's launch"
-        lines.append(f"decode GEMV {n} x {k}, {shown}: BN {c.bn} BK {c.bk}, "
-                     f"{c.warps} warps, {c.stages} stages, {c.dots} dots, {plan.splits} splits")
+        lines.append(f"decode GEMV {n} x {k}, {shown}: {plan.config.describe()}, "
+                     f"{plan.splits} splits")
     for (tokens, top_k, n, k, _, swiglu, *_), stage in moe._stage_plans.items():
-        c = stage.config
         lines.append(f"MoE {'gate_up' if swiglu else 'down'} stage {n} x {k}, {tokens} tokens "
-                     f"x top-{top_k}: BN {c.bn} BK {c.bk}, {c.warps} warps, {c.stages} "
-                     f"stages, {c.dots} dots, {stage.splits} splits")
+                     f"x top-{top_k}: {stage.config.describe()}, {stage.splits} splits")
     names = attention._paged_attention_kernel.keys
     for key, config in getattr(attention._paged_attention_kernel, "cache", {}).items():
         shown = ", ".join(f"{name} {value}" for name, value in zip(names, key, strict=False))
