@@ -10,6 +10,7 @@ loop (a weight whose rows do not fill whole tiles).
 
     .venv/bin/python scripts/sass_report.py              # every decode config
     .venv/bin/python scripts/sass_report.py --asm off    # the pure-Triton decode, for contrast
+    SASS_CAPS=1,2 .venv/bin/python scripts/sass_report.py  # each config capped at 1, 2 more an SM
     .venv/bin/python scripts/sass_report.py --gemm       # the prefill GEMM too
     .venv/bin/python scripts/sass_report.py --moe        # the MoE prompt GEMMs (64-row blocks)
     .venv/bin/python scripts/sass_report.py --attention  # paged INT8 attention's KV loop
@@ -150,12 +151,16 @@ DECODE_ARGS = ("xo_ptr", "inv_ptr", "xsum_ptr", "w_ptr", "s_ptr", "z_ptr", "g_pt
 
 def configs(scheme_id: int) -> list:
     """The tuner's decode configs, or with SASS_DOTS=1,2,... each of them at those dot
-    counts (to compare before changing DECODE_CONFIGS)."""
-    dots = os.environ.get("SASS_DOTS")
-    if not dots:
-        return ql.DECODE_CONFIGS[scheme_id]
-    return [dataclasses.replace(c, dots=int(d)) for c in ql.DECODE_CONFIGS[scheme_id]
-            for d in dots.split(",")]
+    counts, with SASS_CAPS=1,2,... each uncapped one also capped at that many more programs
+    an SM (to compare before changing DECODE_CONFIGS)."""
+    found = ql.DECODE_CONFIGS[scheme_id]
+    if dots := os.environ.get("SASS_DOTS"):
+        found = [dataclasses.replace(c, dots=int(d)) for c in found for d in dots.split(",")]
+    if caps := os.environ.get("SASS_CAPS"):
+        found = [variant for c in found for variant in (c, *(
+            dataclasses.replace(c, per_sm=c.per_sm + int(more), capped=True)
+            for more in caps.split(",") if not c.capped))]
+    return found
 
 
 def decode_variants(asm: bool, tmp: Path) -> None:
