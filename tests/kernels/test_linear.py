@@ -658,9 +658,12 @@ def test_a_capped_config_launches_at_its_register_cap(scheme: str,
         threads = c.per_sm * c.warps * 32
         assert args["maxnreg"] % 8 == 0 and threads * args["maxnreg"] <= 65536
         assert threads * (args["maxnreg"] + 8) > 65536
-    first = quant_linear._INTERPRETER_CONFIGS[layout.scheme]
-    monkeypatch.setitem(quant_linear._INTERPRETER_CONFIGS, layout.scheme,
-                        dataclasses.replace(first, per_sm=5, capped=True))
+    # the default plan capped: the interpreter's one config, the GPU's first candidate
+    def more(c: quant_linear.DecodeConfig) -> quant_linear.DecodeConfig:
+        return dataclasses.replace(c, per_sm=c.per_sm + 1, capped=True)
+    interpreted = quant_linear._INTERPRETER_CONFIGS[layout.scheme]
+    monkeypatch.setitem(quant_linear._INTERPRETER_CONFIGS, layout.scheme, more(interpreted))
+    monkeypatch.setitem(quant_linear.DECODE_CONFIGS, layout.scheme, [more(configs[0])])
     monkeypatch.setattr(quant_linear, "_decode_plans", {})
     gate_up, down = packed(scheme, 768, 256), packed(scheme, 96, 384, seed=1)
     x = rand(2, 256, dtype=HALF) * 4
