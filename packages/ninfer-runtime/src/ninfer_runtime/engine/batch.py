@@ -21,6 +21,8 @@ from typing import Literal
 
 import torch
 
+from ninfer_runtime.ops.host_copy import to_device
+
 LogitsRows = Literal["none", "last", "all"]
 
 
@@ -134,10 +136,11 @@ class StepBatch:
 def _to_device(fields: dict[str, list[int]], device: torch.device | str
                ) -> dict[str, torch.Tensor]:
     """One int64 tensor per field, all copied to `device` in one transfer (a step's eight
-    small copies cost the host more than the data), each starting on 16 bytes so that Triton
-    sees the same pointer alignment whatever the lengths."""
+    small copies cost the host more than the data) that does not wait for the device
+    (`host_copy`), each starting on 16 bytes so that Triton sees the same pointer alignment
+    whatever the lengths."""
     padded = [values + [0] * (len(values) % 2) for values in fields.values()]
-    flat = torch.tensor([v for values in padded for v in values], dtype=torch.int64)
-    parts = flat.to(device, non_blocking=True).split([len(v) for v in padded])
+    flat = to_device([v for values in padded for v in values], torch.int64, device)
+    parts = flat.split([len(v) for v in padded])
     return {name: part[:len(values)] for (name, values), part in
             zip(fields.items(), parts, strict=True)}

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ninfer_runtime.engine.request import AdmissionError, SamplingParams, TokenLogprob
+from ninfer_runtime.ops.host_copy import to_device
 from ninfer_runtime.ops.sampling import RowSampling, apply_penalties, sample_rows
 
 
@@ -62,7 +63,7 @@ class SamplerState:
         state = cls(params, seed)
         if state.penalized:
             state.prompt = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-            state.prompt[torch.tensor(prompt, dtype=torch.int64, device=device)] = True
+            state.prompt[to_device(prompt, torch.int64, device)] = True
             state.counts = torch.zeros(vocab_size, dtype=torch.int32, device=device)
         return state
 
@@ -78,11 +79,6 @@ class SamplerState:
         if self.prompt is None or self.counts is None:
             return None
         return self.prompt | (self.counts > 0)
-
-
-def _to(device: torch.device, values: Sequence, dtype: torch.dtype) -> torch.Tensor:
-    """A host list on `device`, without waiting for the device."""
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def _penalised(logits: torch.Tensor, states: Sequence[SamplerState],
@@ -104,15 +100,15 @@ def _penalised(logits: torch.Tensor, states: Sequence[SamplerState],
     if not rows:
         return logits
     device = logits.device
-    idx = _to(device, rows, torch.int64)
-    rep, freq, pres = _to(device, [[s.params.repetition_penalty for s in row_states],
-                                   [s.params.frequency_penalty for s in row_states],
-                                   [s.params.presence_penalty for s in row_states]],
-                          torch.float32)
+    idx = to_device(rows, torch.int64, device)
+    rep, freq, pres = to_device([[s.params.repetition_penalty for s in row_states],
+                                 [s.params.frequency_penalty for s in row_states],
+                                 [s.params.presence_penalty for s in row_states]],
+                                torch.float32, device)
     counts = torch.stack([s.counts for s in row_states])
     if extra_rows:
-        counts.index_put_((_to(device, extra_rows, torch.int64),
-                           _to(device, extra_tokens, torch.int64)),
+        counts.index_put_((to_device(extra_rows, torch.int64, device),
+                           to_device(extra_tokens, torch.int64, device)),
                           torch.ones(len(extra_rows), dtype=counts.dtype, device=device),
                           accumulate=True)
     penalised = apply_penalties(logits.index_select(0, idx),
@@ -189,7 +185,7 @@ def sample_verify(logits: torch.Tensor, states: Sequence[SamplerState],
     host = [tokens.double()]
     top = max((params[i].logprobs for i in asked), default=0)
     if asked:
-        idx = _to(device, asked, torch.int64)
+        idx = to_device(asked, torch.int64, device)
         logprobs = logits.index_select(0, idx).float().log_softmax(-1)
         host.append(logprobs.gather(-1, tokens[idx][:, None])[:, 0].double())
         if top:
@@ -215,7 +211,7 @@ def sample_verify(logits: torch.Tensor, states: Sequence[SamplerState],
         results.append([(sampled[r], row_logprobs.get(r)) for r in emitted])
         state.step += len(emitted)
         if state.counts is not None:
-            ids = _to(device, [sampled[r] for r in emitted], torch.int64)
+            ids = to_device([sampled[r] for r in emitted], torch.int64, device)
             state.counts.index_add_(0, ids, torch.ones_like(ids, dtype=state.counts.dtype))
         first += 1 + len(d)
     return results

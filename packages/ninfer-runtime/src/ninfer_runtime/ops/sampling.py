@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ninfer_runtime.ops.dispatch import use_triton
+from ninfer_runtime.ops.host_copy import to_device
 
 try:
     import triton
@@ -159,9 +160,8 @@ class RowSampling:
             candidates = vocab
         else:
             candidates = min(vocab, max((top_k[i] for i in ranked), default=0))
-        floats = torch.tensor([temperature, top_p, min_p], dtype=torch.float32)
-        ints = torch.tensor([top_k, seed, step], dtype=torch.int64)
-        floats, ints = (t.to(device, non_blocking=True) for t in (floats, ints))
+        floats = to_device([temperature, top_p, min_p], torch.float32, device)
+        ints = to_device([top_k, seed, step], torch.int64, device)
         return cls(floats[0], ints[0], floats[1], floats[2], ints[1], ints[2], candidates,
                    any(min_p[i] > 0.0 for i in sampled))
 

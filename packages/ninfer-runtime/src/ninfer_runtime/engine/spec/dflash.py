@@ -29,6 +29,7 @@ from ninfer_runtime.engine.spec.proposer import Committed, padded_rows
 from ninfer_runtime.models.cache import PagedKV
 from ninfer_runtime.models.dflash import DFlashDraft
 from ninfer_runtime.models.loading import DraftArgmax
+from ninfer_runtime.ops.host_copy import to_device
 
 
 class DFlashProposer:
@@ -91,14 +92,14 @@ class DFlashProposer:
         if self.context_graphs is not None and padded is not None:
             segments, rows = padded
             context = StepBatch.build(segments, self.page_size, device)
-            inputs = taps[torch.tensor(rows, dtype=torch.int64).to(taps.device)]
+            inputs = taps[to_device(rows, torch.int64, taps.device)]
             if self.context_graphs.can_run(context, inputs):
                 self.context_graphs.run(context, inputs)
                 return
         context = StepBatch.build([Segment(c.next_token_ids, c.start, c.pages, 0, "none")
                                    for c in committed], self.page_size, device)
-        rows_t = torch.tensor([r for c in committed for r in c.rows], dtype=torch.int64)
-        self.draft.store_context(taps[rows_t.to(taps.device)], context, self.caches)
+        rows = to_device([r for c in committed for r in c.rows], torch.int64, taps.device)
+        self.draft.store_context(taps[rows], context, self.caches)
 
     def propose(self, hidden: torch.Tensor, taps: torch.Tensor | None,
                 committed: Sequence[Committed]) -> list[list[int]]:

@@ -35,6 +35,7 @@ from ninfer_runtime.engine.spec.proposer import Committed, padded_rows
 from ninfer_runtime.models.cache import PagedKV
 from ninfer_runtime.models.loading import DraftArgmax
 from ninfer_runtime.models.mtp import Qwen3_5MTP
+from ninfer_runtime.ops.host_copy import to_device
 
 
 class MTPProposer:
@@ -107,7 +108,7 @@ class MTPProposer:
         segments, rows = padded
         batch = StepBatch.build(segments, self.page_size, self.mtp.device)
         last = [i * t + len(c.rows) - 1 for i, c in enumerate(committed)]
-        index = torch.tensor(rows + last, dtype=torch.int64).to(hidden.device, non_blocking=True)
+        index = to_device(rows + last, torch.int64, hidden.device)
         inputs = (hidden[index[:len(rows)]], index[len(rows):])
         if not self.first_graphs.can_run(batch, *inputs):
             return None
@@ -129,8 +130,8 @@ class MTPProposer:
             first = StepBatch.build([Segment(c.next_token_ids, c.start, c.pages, 0,
                                              "last" if c.propose else "none")
                                      for c in committed], self.page_size, device)
-            rows = torch.tensor([r for c in committed for r in c.rows], dtype=torch.int64)
-            h, d1 = self._first_pass(first, hidden[rows.to(hidden.device)], first.logits_rows)
+            rows = to_device([r for c in committed for r in c.rows], torch.int64, hidden.device)
+            h, d1 = self._first_pass(first, hidden[rows], first.logits_rows)
         if not proposing:
             return out
         drafts = [d1]
