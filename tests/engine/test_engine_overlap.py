@@ -4,12 +4,14 @@ previous one's tokens are read; what the requests get must not change."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import torch
 from engine_helpers import drain, engine, greedy, prompt, request
 
 from ninfer_runtime.engine import Engine, SamplingParams
-from ninfer_runtime.models.loading import LoadedModel
+from ninfer_runtime.models.loading import LoadedModel, load_artifact
 
 ModelFactory = Callable[[str], LoadedModel]
 SMALL = {"max_context": 96, "page_size": 16, "prefill_chunk": 16}
@@ -120,3 +122,24 @@ def test_abort_while_a_step_is_deferred(tiny_model: ModelFactory) -> None:
     alone = tokens_of(loaded, False, [request("survivor", prompt(6, 3), greedy(9))])
     assert got["survivor"] + run.tokens["survivor"] == alone["survivor"][0]
     assert eng.kv_pool.allocator.num_free == pages and eng.state_pool.allocator.num_free == slots
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the host running ahead of a GPU")
+def test_a_continued_step_is_launched_without_waiting_for_the_gpu(
+        tiny_artifact: Callable[[str], Path], untuned_kernels: None) -> None:
+    """The point of the overlap: with the GPU busy, step() queues the next decode step behind
+    that work and returns with the step before it (already complete), the host never waiting
+    for the GPU; a pageable host-to-device copy anywhere in the step would wait for it
+    (`ops.host_copy`)."""
+    eng = engine(load_artifact(tiny_artifact("dense"), "cuda"), **SMALL)
+    eng.add_request(request("a", prompt(9, 1), greedy(12)))
+    produced = 0
+    while produced < 3:  # the prompt's token, then decode steps until they overlap
+        produced += sum(len(o.new_token_ids) for o in eng.step())
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1 << 30)  # ~0.5 s of the GPU spinning
+    spinning = torch.cuda.Event()
+    spinning.record()
+    outputs = eng.step()
+    assert not spinning.query(), "the host waited for the GPU"
+    assert [len(o.new_token_ids) for o in outputs] == [1]
