@@ -175,10 +175,9 @@ def decode_variants(asm: bool, tmp: Path) -> None:
                    "EVEN_K": True, "EVEN_N": EVEN_N, "BN": bn, "BK": bk, "DOTS": cfg.dots,
                    "HAND_ON": False, "OUT_GROUP": bn, "OUT_SUMS": False, "PREFETCH": PREFETCH,
                    "GDC": True, **UNIT_STRIDES[scheme]}
-            cap = ql.register_cap(cfg.per_sm, cfg.warps) if cfg.capped else None
-            k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages, cap)
+            k = compile_variant(ql._decode_kernel, sig, cst, cfg.warps, cfg.stages, cfg.maxnreg)
             label = (f"decode {scheme} BN={bn} BK={bk} w={cfg.warps} s={cfg.stages} d={cfg.dots}"
-                     + (f" cap={cap}" if cap else ""))
+                     + (f" cap={cfg.maxnreg}" if cfg.capped else ""))
             report(label, k, bn * bk // (32 * cfg.warps), tmp)
 
 

@@ -473,6 +473,11 @@ class DecodeConfig:
     # cache's digests of the lists without a capped config stay what they were
     capped: bool = field(default=False, repr=False)
 
+    @property
+    def maxnreg(self) -> int | None:
+        """The register cap it launches with (None: the compiler's choice)."""
+        return register_cap(self.per_sm, self.warps) if self.capped else None
+
     def describe(self) -> str:
         """The config in a report's words, its register cap named (the repr leaves it out)."""
         capped = f", capped at {self.per_sm} an SM" if self.capped else ""
@@ -895,7 +900,7 @@ def decode_tile_args(layout: _Layout, config: DecodeConfig, n: int, k: int, m: i
     `layout` with k inputs and m activation rows, as the dense decode kernel and ops.moe's
     expert decode pass them; n is the N their row tiles split BN at a time (EVEN_N: whole
     tiles), the kernel's own N argument."""
-    cap = {"maxnreg": register_cap(config.per_sm, config.warps)} if config.capped else {}
+    cap = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
     return dict(SCHEME=layout.scheme, WPS=layout.words_per_scale, BM=decode_rows(m),
                 ASM=DECODE_ASM and not INTERPRET, EVEN_K=k % config.bk == 0,
                 EVEN_N=DECODE_EVEN_N and n % config.bn == 0, BN=config.bn,
