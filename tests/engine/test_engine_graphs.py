@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,38 @@ def test_steps_without_a_graph_are_refused(model) -> None:
     silent = Segment([1], 0, [0], 0, "none")  # the shape's segments, but no logits rows
     assert not graphs.can_run(StepBatch.build([silent, silent], PAGE, model.device))
     assert graphs.can_run(StepBatch.build([one, one], PAGE, model.device))
+
+
+def test_a_step_loads_in_one_copy_beside_its_page_tables(model) -> None:
+    """A built step's tensors reach the static step in one copy of its packed buffer (and
+    one of its page tables); a tensor swapped out of it (the MTP draft loop's token ids) is
+    copied on its own, so the static step holds what the step holds either way."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Copies.count += func is torch.ops.aten.copy_.default
+            return func(*args, **kwargs or {})
+
+    names = ("token_ids", "positions", "slot_mapping", "state_slots", "page_tables")
+    graphs = StepGraphs(lambda b: tuple(getattr(b, n) for n in names),
+                        lambda shape: StepBatch.build(
+                            [Segment([0], 0, [0], 0)] * shape.num_seqs, PAGE, model.device),
+                        max_pages=4, capture=False)
+    graphs.capture_all([GraphShape.of(2, 1, "last")])
+    step = StepBatch.build([Segment([5], 17, [3, 2], 1), Segment([6], 40, [0, 1, 4], 2)],
+                           PAGE, model.device)
+    swapped = replace(step, token_ids=torch.tensor([8, 9], device=model.device))
+    for batch, copies in ((step, 2), (swapped, 3)):
+        Copies.count = 0
+        with Copies():
+            loaded = graphs.run(batch)
+        assert Copies.count == copies
+        for name, value in zip(names[:-1], loaded, strict=False):
+            assert value.tolist() == getattr(batch, name).tolist(), name
+        assert loaded[-1][:, :3].tolist() == batch.page_tables.tolist()
 
 
 def test_a_graph_records_the_general_path_and_replays_lone_prompts(model) -> None:

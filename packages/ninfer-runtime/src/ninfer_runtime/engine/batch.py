@@ -58,6 +58,10 @@ class StepBatch:
     # from row recurrent_tokens: one tensor for every layer of the step (fla-core caches the
     # chunk indices it derives from it, on the host, by the tensor)
     chunked_cu_seqlens: torch.Tensor
+    # the step's one host-to-device copy: every tensor of the step but the page tables is a
+    # view of it as built (`replace` may swap one out), so a CUDA graph's static step takes
+    # them all in one copy (cuda_graph.load)
+    packed: torch.Tensor
     # [recurrent_tokens]: GDN state slot after each recurrent row (None: the segments' own)
     snapshot_slots: torch.Tensor | None = None
     # NOTE: host-side, so layers choose the GDN path without a device sync: rows [0,
@@ -115,7 +119,6 @@ class StepBatch:
             "positions": positions,
             "cu_seqlens": [0, *accumulate(len(s.token_ids) for s in segments)],
             "context_lens": [s.start + len(s.token_ids) for s in segments],
-            "page_tables": [p for s in segments for p in (*s.pages, *[0] * (width - len(s.pages)))],
             "slot_mapping": slots,
             "state_slots": [s.state_slot for s in segments],
             "logits_rows": rows,
@@ -125,22 +128,26 @@ class StepBatch:
         if verify:
             fields["snapshot_slots"] = [slot for s in recurrent
                                         for slot in (s.snapshot_slots or [s.state_slot])]
-        tensors = _to_device(fields, device)
-        return cls(**tensors | {"page_tables": tensors["page_tables"].view(len(segments), width)},
+        tables = [p for s in segments for p in (*s.pages, *[0] * (width - len(s.pages)))]
+        tensors, packed, flat_tables = _to_device(fields, tables, device)
+        return cls(**tensors, packed=packed,
+                   page_tables=flat_tables.view(len(segments), width),
                    recurrent_tokens=sum(len(s.token_ids) for s in recurrent),
                    recurrent_seqs=len(recurrent),
                    lone_prompt_context=segments[0].start + len(segments[0].token_ids)
                    if len(segments) == 1 and not recurrent else 0)
 
 
-def _to_device(fields: dict[str, list[int]], device: torch.device | str
-               ) -> dict[str, torch.Tensor]:
-    """One int64 tensor per field, all copied to `device` in one transfer (a step's eight
-    small copies cost the host more than the data) that does not wait for the device
-    (`host_copy`), each starting on 16 bytes so that Triton sees the same pointer alignment
-    whatever the lengths."""
+def _to_device(fields: dict[str, list[int]], tables: list[int], device: torch.device | str
+               ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """One int64 tensor per field, the packed buffer they are views of, and the page tables
+    after it, all copied to `device` in one transfer (a step's eight small copies cost the
+    host more than the data) that does not wait for the device (`host_copy`), each starting
+    on 16 bytes so that Triton sees the same pointer alignment whatever the lengths."""
     padded = [values + [0] * (len(values) % 2) for values in fields.values()]
-    flat = to_device([v for values in padded for v in values], torch.int64, device)
-    parts = flat.split([len(v) for v in padded])
-    return {name: part[:len(values)] for (name, values), part in
-            zip(fields.items(), parts, strict=True)}
+    lengths = [len(v) for v in padded]
+    flat = to_device([v for values in (*padded, tables) for v in values], torch.int64, device)
+    packed, flat_tables = flat.split([sum(lengths), len(tables)])
+    parts = packed.split(lengths)
+    return ({name: part[:len(values)] for (name, values), part in
+             zip(fields.items(), parts, strict=True)}, packed, flat_tables)

@@ -87,22 +87,40 @@ class _Captured:
 
     def __init__(self, example: StepBatch, max_pages: int, inputs: tuple[torch.Tensor, ...]):
         self.static = _padded(example, max_pages)
+        self.packed_at = _packed_offsets(self.static)
         self.inputs = tuple(t.clone() for t in inputs)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple[torch.Tensor, ...] = ()
 
     def load(self, batch: StepBatch, inputs: tuple[torch.Tensor, ...]) -> None:
-        """Copy the step's inputs into the static ones (same shapes, page tables padded)."""
+        """Copy the step's inputs into the static ones (same shapes, page tables padded): its
+        packed tensors in one copy, the page tables and any tensor swapped out of the packed
+        buffer (or at another place in it) one by one."""
         for src, dst in zip(inputs, self.inputs, strict=True):
             dst.copy_(src, non_blocking=True)
+        self.static.packed.copy_(batch.packed, non_blocking=True)
+        src_at = _packed_offsets(batch)
         for f in fields(StepBatch):
             src, dst = getattr(batch, f.name), getattr(self.static, f.name)
-            if not isinstance(src, torch.Tensor):
+            if not isinstance(src, torch.Tensor) or f.name == "packed":
                 continue  # host fields and absent snapshot slots: equal (see _matches)
             if f.name == "page_tables":
                 dst[:, : src.shape[1]].copy_(src, non_blocking=True)
-            else:
+            elif f.name not in self.packed_at or src_at.get(f.name) != self.packed_at[f.name]:
                 dst.copy_(src, non_blocking=True)
+
+
+def _packed_offsets(batch: StepBatch) -> dict[str, int]:
+    """Where in batch.packed each tensor field that is a view of it starts."""
+    base = batch.packed
+    offsets = {}
+    for f in fields(StepBatch):
+        t = getattr(batch, f.name)
+        if (f.name != "packed" and isinstance(t, torch.Tensor)
+                and t.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+                and 0 <= t.storage_offset() - base.storage_offset() < base.numel()):
+            offsets[f.name] = t.storage_offset() - base.storage_offset()
+    return offsets
 
 
 # host-side fields a graph does not record, at the value it runs with: a graph takes the general
@@ -111,13 +129,18 @@ _UNRECORDED = {"lone_prompt_context": 0}
 
 
 def _padded(batch: StepBatch, max_pages: int) -> StepBatch:
-    """Fresh tensors for `batch`, page tables widened to max_pages (padding is page 0), the
-    unrecorded host fields at their graph value."""
+    """Fresh tensors for `batch`, views of a fresh packed buffer where `batch`'s are of its,
+    page tables widened to max_pages (padding is page 0), the unrecorded host fields at their
+    graph value."""
     tables = batch.page_tables.new_zeros((batch.page_tables.shape[0], max_pages))
     tables[:, : batch.page_tables.shape[1]] = batch.page_tables
-    tensors = {f.name: getattr(batch, f.name).clone() for f in fields(StepBatch)
+    packed = batch.packed.clone()
+    at = _packed_offsets(batch)
+    tensors = {f.name: packed[at[f.name]:][:getattr(batch, f.name).numel()]
+               .view_as(getattr(batch, f.name)) if f.name in at
+               else getattr(batch, f.name).clone() for f in fields(StepBatch)
                if isinstance(getattr(batch, f.name), torch.Tensor)}
-    return replace(batch, **(tensors | {"page_tables": tables} | _UNRECORDED))
+    return replace(batch, **(tensors | {"page_tables": tables, "packed": packed} | _UNRECORDED))
 
 
 class StepGraphs:
