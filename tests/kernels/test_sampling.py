@@ -109,6 +109,22 @@ def test_kernel_draws_the_reference_tokens() -> None:
     assert expected[0] == logits[0].argmax() and expected[-1] == logits[-1].argmax()
 
 
+def test_rows_without_filters_are_drawn_in_one_kernel() -> None:
+    """Greedy and plain-temperature rows need no threshold; the row's last chunk to finish
+    picks its token, the lowest id of a maximum tied across chunks, and leaves the row's
+    counter for the next launch (run twice)."""
+    v = 300
+    plain = [(0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.6, 0, 1.0, 0.0), (0.0, 0, 1.0, 0.0)]
+    logits = randn(len(plain), v, seed=7) * 3
+    logits[3, 250] = logits[3, 40] = logits[3].max() + 1  # a tie across chunks
+    rows = rows_of(plain, v, seeds=[1, 2, 3, 4], steps=[5] * len(plain))
+    assert not rows.candidates and not rows.any_min_p
+    expected = sample_rows_ref(logits, rows)
+    assert expected[3] == 40
+    for _ in range(2):
+        assert torch.equal(_launch_sample(logits, rows, block=32, blocks_per_chunk=2), expected)
+
+
 def test_rank_filters_only_need_the_top_candidates() -> None:
     """With top-k on every sampled row the threshold comes from the top max(k) scores; the
     result is the one the full sort gives."""

@@ -17,15 +17,19 @@ two produce the same noise bit for bit).
 
 The Triton path: `apply_penalties` is one elementwise kernel; `sample_rows` finds each row's
 threshold from the top candidates (torch.topk, whose values are exact whatever it does with
-ties) and then runs one kernel over [rows, vocab chunks] that applies temperature, threshold
-and noise and keeps each chunk's best token; a torch argmax over the chunks finishes. Noise is
-computed only for blocks that hold a kept token.
+ties) where a row filters, and then runs one kernel over [rows, vocab chunks] that applies
+temperature, threshold and noise, keeps each chunk's best token, and in a row's last chunk to
+finish (an atomic ticket) picks the row's token from its chunks'. Noise is computed only for
+blocks that hold a kept token. Without filters (greedy, or plain temperature) that one kernel
+is the whole draw: a decode step's sampling runs behind its forward on the device, so each
+small launch it saves shortens the step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -276,17 +280,33 @@ def _launch_sample(scores: torch.Tensor, rows: RowSampling, block: int = 1024,
     b, v = scores.shape
     if b == 0:
         return torch.empty(0, dtype=torch.int64, device=scores.device)
-    threshold = _thresholds(scores, rows)
+    assert b <= _MAX_ROWS, f"sample_rows: at most {_MAX_ROWS} rows, got {b}"
+    filtered = bool(rows.candidates) or rows.any_min_p
+    temperature = rows.temperature.float().contiguous()
+    threshold = _thresholds(scores, rows) if filtered else temperature  # unread unfiltered
     block = min(block, triton.next_power_of_2(v))
     chunk = block * blocks_per_chunk
     num_chunks = triton.cdiv(v, chunk)
     best_key = torch.empty((b, num_chunks), dtype=torch.float32, device=scores.device)
     best_id = torch.empty((b, num_chunks), dtype=torch.int64, device=scores.device)
+    tokens = torch.empty(b, dtype=torch.int64, device=scores.device)
     _sample_kernel[(b, num_chunks)](
-        scores, scores.stride(0), v, rows.temperature.float().contiguous(), threshold,
-        rows.seed.contiguous(), rows.step.contiguous(), best_key, best_id,
-        CHUNK=chunk, BLOCK=block, num_warps=4)
-    return best_id.gather(-1, best_key.argmax(-1, keepdim=True))[:, 0]
+        scores, scores.stride(0), v, temperature, threshold, rows.seed.contiguous(),
+        rows.step.contiguous(), best_key, best_id, _row_tickets(scores.device), tokens,
+        FILTERED=filtered, CHUNK=chunk, BLOCK=block,
+        CHUNKS=triton.next_power_of_2(num_chunks), num_warps=4)
+    return tokens
+
+
+# One counter per row of the sample kernel's ticket; every launch leaves them zero, so one
+# zeroed pool per device serves every launch (launches on one stream: two streams sampling at
+# once would need their own).
+_MAX_ROWS = 1 << 12
+
+
+@cache
+def _row_tickets(device: torch.device) -> torch.Tensor:
+    return torch.zeros(_MAX_ROWS, dtype=torch.int32, device=device)
 
 
 # ---- kernels ----
@@ -334,14 +354,19 @@ if triton is not None:
 
     @triton.jit
     def _sample_kernel(scores, stride_s, vocab, temperature, threshold, seeds, steps,
-                       best_key, best_id, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                       best_key, best_id, tickets, tokens, FILTERED: tl.constexpr,
+                       CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr):
         """Program (row, chunk): the chunk's best key (score / T + noise over the tokens at
-        or above the row's threshold; the raw score for greedy rows) and its lowest token id.
-        """
+        or above the row's threshold, every token unless FILTERED; the raw score for greedy
+        rows) and its lowest token id; the row's last program to finish writes the row's
+        token, the lowest id of the best key over its chunks (CHUNKS: a power of two at
+        least their number)."""
         r = tl.program_id(0).to(tl.int64)
         chunk = tl.program_id(1)
         temp = tl.load(temperature + r)
-        floor = tl.load(threshold + r)
+        floor = float("-inf")
+        if FILTERED:
+            floor = tl.load(threshold + r)
         seed = tl.load(seeds + r)
         step = tl.load(steps + r)
         top = float("-inf")
@@ -364,5 +389,16 @@ if triton is not None:
             better = block_top > top
             top_id = tl.where(better, block_id, top_id)
             top = tl.where(better, block_top, top)
-        tl.store(best_key + r * tl.num_programs(1) + chunk, top)
-        tl.store(best_id + r * tl.num_programs(1) + chunk, top_id.to(tl.int64))
+        chunks = tl.num_programs(1)
+        tl.store(best_key + r * chunks + chunk, top)
+        tl.store(best_id + r * chunks + chunk, top_id.to(tl.int64))
+        tl.debug_barrier()  # the chunk's best is stored before the row counts it
+        if tl.atomic_add(tickets + r, 1, sem="acq_rel") == chunks - 1:
+            tl.store(tickets + r, 0)
+            c = tl.arange(0, CHUNKS)
+            keys = tl.load(best_key + r * chunks + c, mask=c < chunks, other=float("-inf"),
+                           cache_modifier=".cg")
+            ids = tl.load(best_id + r * chunks + c, mask=c < chunks, other=vocab,
+                          cache_modifier=".cg")
+            best = tl.max(keys, axis=0)
+            tl.store(tokens + r, tl.min(tl.where(keys == best, ids, vocab), axis=0))
