@@ -82,6 +82,9 @@ def example_step(shape: GraphShape, page_size: int, device: torch.device | str) 
     return StepBatch.build([segment] * shape.num_seqs, page_size, device)
 
 
+_FIELDS = tuple(f.name for f in fields(StepBatch))
+
+
 class _Captured:
     """One shape's static inputs, outputs and (on a GPU) its graph."""
 
@@ -100,26 +103,25 @@ class _Captured:
             dst.copy_(src, non_blocking=True)
         self.static.packed.copy_(batch.packed, non_blocking=True)
         src_at = _packed_offsets(batch)
-        for f in fields(StepBatch):
-            src, dst = getattr(batch, f.name), getattr(self.static, f.name)
-            if not isinstance(src, torch.Tensor) or f.name == "packed":
+        for name in _FIELDS:
+            src, dst = getattr(batch, name), getattr(self.static, name)
+            if not isinstance(src, torch.Tensor) or name == "packed":
                 continue  # host fields and absent snapshot slots: equal (see _matches)
-            if f.name == "page_tables":
+            if name == "page_tables":
                 dst[:, : src.shape[1]].copy_(src, non_blocking=True)
-            elif f.name not in self.packed_at or src_at.get(f.name) != self.packed_at[f.name]:
+            elif name not in self.packed_at or src_at.get(name) != self.packed_at[name]:
                 dst.copy_(src, non_blocking=True)
 
 
 def _packed_offsets(batch: StepBatch) -> dict[str, int]:
-    """Where in batch.packed each tensor field that is a view of it starts."""
-    base = batch.packed
+    """Where in batch.packed (in elements) each tensor field that lies inside it starts."""
+    start, size = batch.packed.data_ptr(), batch.packed.element_size()
+    end = start + batch.packed.numel() * size
     offsets = {}
-    for f in fields(StepBatch):
-        t = getattr(batch, f.name)
-        if (f.name != "packed" and isinstance(t, torch.Tensor)
-                and t.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
-                and 0 <= t.storage_offset() - base.storage_offset() < base.numel()):
-            offsets[f.name] = t.storage_offset() - base.storage_offset()
+    for name in _FIELDS:
+        t = getattr(batch, name)
+        if name != "packed" and isinstance(t, torch.Tensor) and start <= t.data_ptr() < end:
+            offsets[name] = (t.data_ptr() - start) // size
     return offsets
 
 
@@ -136,10 +138,8 @@ def _padded(batch: StepBatch, max_pages: int) -> StepBatch:
     tables[:, : batch.page_tables.shape[1]] = batch.page_tables
     packed = batch.packed.clone()
     at = _packed_offsets(batch)
-    tensors = {f.name: packed[at[f.name]:][:getattr(batch, f.name).numel()]
-               .view_as(getattr(batch, f.name)) if f.name in at
-               else getattr(batch, f.name).clone() for f in fields(StepBatch)
-               if isinstance(getattr(batch, f.name), torch.Tensor)}
+    tensors = {name: packed[at[name]:][:t.numel()].view_as(t) if name in at else t.clone()
+               for name in _FIELDS if isinstance(t := getattr(batch, name), torch.Tensor)}
     return replace(batch, **(tensors | {"page_tables": tables, "packed": packed} | _UNRECORDED))
 
 
@@ -221,16 +221,16 @@ def _matches(batch: StepBatch, static: StepBatch) -> bool:
     """Same tensor shapes (page tables at most as wide), the same optional tensors present
     (snapshot slots) and the same host-side fields, which choose kernels (recurrent_tokens):
     a graph replays only the step it recorded. The unrecorded fields aside (`_UNRECORDED`)."""
-    for f in fields(StepBatch):
-        if f.name in _UNRECORDED:
+    for name in _FIELDS:
+        if name in _UNRECORDED:
             continue
-        mine, theirs = getattr(batch, f.name), getattr(static, f.name)
+        mine, theirs = getattr(batch, name), getattr(static, name)
         if isinstance(mine, torch.Tensor) != isinstance(theirs, torch.Tensor):
             return False
         if not isinstance(mine, torch.Tensor):
             if mine != theirs:
                 return False
-        elif f.name == "page_tables":
+        elif name == "page_tables":
             if mine.shape[0] != theirs.shape[0] or mine.shape[1] > theirs.shape[1]:
                 return False
         elif mine.shape != theirs.shape:
