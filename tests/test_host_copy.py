@@ -1,5 +1,5 @@
 """ops.host_copy: host lists reach the device as the same values, and on a GPU without the
-host first waiting for the work queued on the stream (what a pageable copy does)."""
+host first waiting for the work queued on the stream (what a pageable copy may do)."""
 
 from __future__ import annotations
 
