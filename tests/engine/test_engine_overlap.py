@@ -129,8 +129,8 @@ def test_a_continued_step_is_launched_without_waiting_for_the_gpu(
         tiny_artifact: Callable[[str], Path], untuned_kernels: None) -> None:
     """The point of the overlap: with the GPU busy, step() queues the next decode step behind
     that work and returns with the step before it (already complete), the host never waiting
-    for the GPU; a pageable host-to-device copy anywhere in the step would wait for it
-    (`ops.host_copy`)."""
+    for the GPU; a host-to-device copy that synchronized with the stream (as a pageable one may)
+    or a read of a device value anywhere in the step would wait for it (`ops.host_copy`)."""
     eng = engine(load_artifact(tiny_artifact("dense"), "cuda"), **SMALL)
     eng.add_request(request("a", prompt(9, 1), greedy(12)))
     produced = 0
