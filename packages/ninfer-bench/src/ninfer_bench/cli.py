@@ -111,6 +111,9 @@ def _ints(_: click.Context, __: click.Parameter, value: str) -> list[int]:
 @click.option("--no-overlap-decode", "no_overlap_decode", is_flag=True,
               help="Read each decode step's tokens before launching the next.")
 @click.option("--no-breakdown", "no_breakdown", is_flag=True)
+@click.option("--timeline", "device_timeline", is_flag=True,
+              help="The device's timeline over graphed decode steps even with --no-breakdown "
+                   "(the breakdown takes it too): where the GPU idles between them.")
 @click.option("--spec", type=click.Choice(["none", "mtp", "dflash"]), default="none",
               show_default=True, help="Speculative mode: a decode step is then one round.")
 @click.option("--draft-tokens", default=3, show_default=True)
@@ -122,8 +125,8 @@ def engine(artifact: str, context_lengths: list[int], concurrency: list[int],
            decode_tokens: int, kv_dtype: str, prefill_chunk: int,
            max_batched_tokens: int | None, no_cuda_graph: bool, prompt_graphs: bool,
            no_overlap_decode: bool,
-           no_breakdown: bool, spec: str, draft_tokens: int, lm_head_draft: bool, device: str,
-           output: Path) -> None:
+           no_breakdown: bool, device_timeline: bool, spec: str, draft_tokens: int,
+           lm_head_draft: bool, device: str, output: Path) -> None:
     """In-process prefill and decode throughput of ARTIFACT against its ceilings."""
     import torch
 
@@ -134,7 +137,7 @@ def engine(artifact: str, context_lengths: list[int], concurrency: list[int],
                  prefill_chunk=prefill_chunk, max_batched_tokens=max_batched_tokens,
                  cuda_graphs=not no_cuda_graph, prompt_graphs=prompt_graphs,
                  overlap_decode=not no_overlap_decode,
-                 breakdown=not no_breakdown, spec=spec,
+                 breakdown=not no_breakdown, device_timeline=device_timeline, spec=spec,
                  draft_tokens=draft_tokens, lm_head_draft=lm_head_draft)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
     report |= {"gpu": gpu, "commit": _commit(), "date": datetime.now(timezone.utc).isoformat()}

@@ -19,7 +19,9 @@ serving suites measure the whole stack). For each context length L:
   otherwise, which hides their kernels); and the host's side of the same prefill and of
   graphed decode steps under cProfile, Python time by function: where the GPU waits on the
   host (the 35B-A3B's prompt chunks, every decode step's scheduling and sampling), this says
-  which code to cut.
+  which code to cut. On a GPU, also the device's timeline over graphed decode steps
+  (`ninfer_bench.timeline`): the time the GPU idles between its activities, by the two
+  activities either side of each gap (what a step adds to its graph replay).
 
 Both ceilings are the card's own, measured before the engine starts (`ninfer_bench.ceilings`).
 
@@ -43,6 +45,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ninfer_bench.ceilings import Ceilings, ceilings
+from ninfer_bench.timeline import timeline
 from ninfer_runtime.config import FULL_ATTENTION
 from ninfer_runtime.engine import Engine, EngineConfig, EngineRequest, SamplingParams
 from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs
@@ -313,6 +316,29 @@ def graph_replay_ms(engine: Engine, concurrency: int, times: int = 50) -> float 
     return start.elapsed_time(end) / times
 
 
+def decode_timeline(engine: Engine, length: int, concurrency: int, steps: int = 16
+                    ) -> dict | None:
+    """The device's timeline over `steps` steady-state decode steps of `concurrency`
+    requests as the engine runs them (`ninfer_bench.timeline`; None off a GPU): what the
+    GPU waits between its graph replays."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if torch.device(engine.config.device).type != "cuda":
+        return None
+    _start_decoding(engine, "timeline", length, concurrency, _room(engine, length))
+    for _ in range(4):  # into the overlapped steady state
+        engine.step()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        _sync(engine)
+    while engine.has_unfinished():
+        engine.step()
+    return asdict(timeline([(e.name, e.time_range.start, e.time_range.end)
+                            for e in prof.events()
+                            if e.device_type == torch.autograd.DeviceType.CUDA], steps))
+
+
 def kernel_breakdown(engine: Engine, length: int, concurrency: int
                      ) -> list[tuple[str, float, int]]:
     """CUDA time (us) and launches per kernel name of one eager decode step of `concurrency`
@@ -408,8 +434,10 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
         cuda_graphs: bool = EngineConfig.cuda_graphs,
         prompt_graphs: bool = EngineConfig.prompt_graphs,
         overlap_decode: bool = EngineConfig.overlap_decode, breakdown: bool = True,
-        spec: str = "none", draft_tokens: int = 3, lm_head_draft: bool = False) -> dict:
-    """Every measurement above for one artifact, as a report dict."""
+        device_timeline: bool = False, spec: str = "none", draft_tokens: int = 3,
+        lm_head_draft: bool = False) -> dict:
+    """Every measurement above for one artifact, as a report dict (the device timeline with
+    the breakdown, or alone with device_timeline)."""
     longest = max(contexts) + decode_tokens + 8
     config = EngineConfig(max_context=longest, max_concurrency=max(concurrency),
                           prefill_chunk=prefill_chunk, max_batched_tokens=max_batched_tokens,
@@ -435,7 +463,7 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
                         c.kernel for c in startup_compiles).most_common()),
                     "compiles": {},
                     "tuned": tuned_choices(),
-                    "rows": [], "breakdown": {}, "host": {}}
+                    "rows": [], "breakdown": {}, "timeline": {}, "host": {}}
     fp = footprint(engine.model, kv_dtype)
     report["footprint"] = fp.__dict__
     for length in contexts:
@@ -473,6 +501,9 @@ def run(artifact: str, *, contexts: Sequence[int], concurrency: Sequence[int],
             if breakdown:
                 report["breakdown"][f"eager decode step ctx{length}_c{c}"] = \
                     kernel_breakdown(engine, length, c)
+            if breakdown or device_timeline:
+                report["timeline"][f"decode ctx{length}_c{c}"] = \
+                    decode_timeline(engine, length, c)
         if breakdown:
             report["host"].update(host_profile(engine, length, concurrency[0]))
     return report
@@ -509,6 +540,17 @@ def markdown(report: dict, top: int = 15) -> str:
                   "|---|---|---|---|---|"]
         lines += [f"| `{name[:70]}` | {us:.1f} | {100 * us / total:.1f}% | {n} | {us / n:.2f} |"
                   for name, us, n in rows[:top]]
+    for key, t in report.get("timeline", {}).items():
+        if t is None:
+            continue
+        steps = t["steps"]
+        lines += ["", f"{key}, the device's timeline over {steps} steps: "
+                  f"{t['span_us'] / steps:.1f} us a step, the GPU busy "
+                  f"{t['busy_us'] / steps:.1f} and idle {(t['span_us'] - t['busy_us']) / steps:.1f}"
+                  " (gaps of 1 us and more, by the activities either side):", "",
+                  "| before | after | gaps | us a step |", "|---|---|---|---|"]
+        lines += [f"| `{g['before'][:60]}` | `{g['after'][:60]}` | {g['count']} "
+                  f"| {g['us'] / steps:.1f} |" for g in t["gaps"][:top]]
     for key, host in report.get("host", {}).items():
         lines += ["", f"host side of the {key} under cProfile: {host['seconds']:.3f} s", "",
                   "| function | calls | own ms | with callees ms |", "|---|---|---|---|"]
