@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ninfer_bench.ceilings import Ceilings, ceilings
-from ninfer_bench.timeline import timeline
+from ninfer_bench.timeline import Timeline, timeline
 from ninfer_runtime.config import FULL_ATTENTION
 from ninfer_runtime.engine import Engine, EngineConfig, EngineRequest, SamplingParams
 from ninfer_runtime.engine.cuda_graph import GraphShape, StepGraphs
@@ -540,17 +540,16 @@ def markdown(report: dict, top: int = 15) -> str:
                   "|---|---|---|---|---|"]
         lines += [f"| `{name[:70]}` | {us:.1f} | {100 * us / total:.1f}% | {n} | {us / n:.2f} |"
                   for name, us, n in rows[:top]]
-    for key, t in report.get("timeline", {}).items():
-        if t is None:
+    for key, found in report.get("timeline", {}).items():
+        if found is None:
             continue
-        steps = t["steps"]
-        lines += ["", f"{key}, the device's timeline over {steps} steps: "
-                  f"{t['span_us'] / steps:.1f} us a step, the GPU busy "
-                  f"{t['busy_us'] / steps:.1f} and idle {(t['span_us'] - t['busy_us']) / steps:.1f}"
-                  " (gaps of 1 us and more, by the activities either side):", "",
-                  "| before | after | gaps | us a step |", "|---|---|---|---|"]
-        lines += [f"| `{g['before'][:60]}` | `{g['after'][:60]}` | {g['count']} "
-                  f"| {g['us'] / steps:.1f} |" for g in t["gaps"][:top]]
+        t = Timeline.from_dict(found)
+        lines += ["", f"{key}, the device's timeline over {t.steps} steps: "
+                  f"{t.step_us:.1f} us a step, the GPU busy {t.step_us - t.idle_us_a_step:.1f} "
+                  f"and idle {t.idle_us_a_step:.1f} (gaps of 1 us and more, by the activities "
+                  "either side):", "", "| before | after | gaps | us a step |", "|---|---|---|---|"]
+        lines += [f"| `{g.before[:60]}` | `{g.after[:60]}` | {g.count} | {g.us / t.steps:.1f} |"
+                  for g in t.gaps[:top]]
     for key, host in report.get("host", {}).items():
         lines += ["", f"host side of the {key} under cProfile: {host['seconds']:.3f} s", "",
                   "| function | calls | own ms | with callees ms |", "|---|---|---|---|"]

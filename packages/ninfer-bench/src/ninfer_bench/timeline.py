@@ -33,6 +33,11 @@ class Timeline:
     busy_us: float  # the union of the activities' intervals
     gaps: list[Gap]  # idle intervals of at least the threshold, largest total first (ties by name)
 
+    @classmethod
+    def from_dict(cls, found: dict) -> Timeline:
+        """Back from a report's JSON (`dataclasses.asdict`)."""
+        return cls(**{**found, "gaps": [Gap(**g) for g in found["gaps"]]})
+
     @property
     def step_us(self) -> float:
         return self.span_us / self.steps
