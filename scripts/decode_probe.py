@@ -183,7 +183,7 @@ def _probe_call(ws: list, x: torch.Tensor, xo: torch.Tensor, inv: torch.Tensor,
     if mode in (MODES["decode-only"], MODES["decode-nopdl"]):
         launch = {"GDC": False, "launch_pdl": False} if mode == MODES["decode-nopdl"] \
             else ql.options(x.device)
-        counters = ql.tile_counters(x.device, n // c.bn)
+        counters = ql.TILE_COUNTERS.on(x.device, n // c.bn)
         part = out if splits == 1 else parts
 
         def decode() -> None:

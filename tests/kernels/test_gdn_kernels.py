@@ -23,8 +23,8 @@ from ninfer_runtime.ops.conv import (
 )
 from ninfer_runtime.ops.dispatch import graph_kernels, graphing
 from ninfer_runtime.ops.gdn import (
+    DECODE_TICKETS,
     OutputNorm,
-    _ticket_pool,
     chunk_gated_delta_rule,
     gated_delta_rule_varlen,
     gated_delta_rule_varlen_ref,
@@ -124,7 +124,7 @@ def test_decode_matches_reference(dtype: torch.dtype) -> None:
     assert torch.equal(states[untouched], x["states"][untouched])
     assert torch.equal(conv[untouched], x["conv_states"][untouched])
     # the q/k conv-window tickets are handed back: the next launch starts from zero
-    assert not _ticket_pool(x["mixed_qkv"].device).any()
+    assert not DECODE_TICKETS.on(x["mixed_qkv"].device).any()
 
 
 def test_decode_snapshots_hold_the_state_after_each_token() -> None:
@@ -356,7 +356,7 @@ def test_decode_applies_the_output_norm(group: int | None, snapshots: bool) -> N
     expect = gated_rms_norm(o, z, weight, 1e-6)
     assert torch.equal(normed, expect)
     assert torch.equal(conv, ref_conv) and torch.equal(states, ref_states)
-    assert not _ticket_pool(x["mixed_qkv"].device).any()
+    assert not DECODE_TICKETS.on(x["mixed_qkv"].device).any()
     if spec is None:
         assert operand is None
         return

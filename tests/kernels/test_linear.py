@@ -490,7 +490,7 @@ def test_decode_dots(scheme: str, dots: int) -> None:
                 quant_linear._run_decode(x, ops, out, quant_linear.DecodePlan(config, *split))
                 check(out, x, w)
                 # the last part of each tile reset its arrival counter for the next call
-                assert not quant_linear.tile_counters(x.device, 1).any()
+                assert not quant_linear.TILE_COUNTERS.on(x.device).any()
 
 
 def test_chosen_decode_plan_is_the_one_the_call_tuned() -> None:
@@ -605,7 +605,7 @@ def test_the_gate_up_gemv_hands_the_down_gemv_its_operand(scheme: str, inter: in
     expect = quant_linear.activation_operands(hidden, *spec)
     assert torch.equal(operand.xo, expect.xo) and torch.equal(operand.inv, expect.inv)
     assert not spec[1] or torch.equal(operand.xsum, expect.xsum)
-    assert not quant_linear.tile_counters(x.device, 1).any()
+    assert not quant_linear.TILE_COUNTERS.on(x.device).any()
     assert torch.equal(linear(hidden, down, operand), linear(hidden, down))
     equal_on_the_gpu(linear(hidden, down), silu_mul_linear(linear(x, gate_up), down))
     plain = rand(2 * inter, 256, dtype=HALF)
@@ -629,7 +629,7 @@ def test_the_mlp_block_keeps_the_two_launches_bits(scheme: str, inter: int, m: i
     hidden, operand = swiglu_with_operand(x, gate_up, spec)
     expect = linear(hidden, down, operand)
     assert torch.equal(mlp_decode(x, gate_up, down), expect)
-    assert not quant_linear.tile_counters(x.device, 1).any()
+    assert not quant_linear.TILE_COUNTERS.on(x.device).any()
     splits = {768: 3, 256: 1}
     if inter in splits:  # the block's down plan, under its own key (`launched_as`)
         assert [plan.splits for key, plan in quant_linear._decode_plans.items()
@@ -720,5 +720,5 @@ def test_the_activation_pass_runs_the_norm_before_it(scheme: str, m: int, residu
     norm = defer_add_rms_norm(x, h, weight, 1e-6)
     assert torch.equal(mlp_decode(norm.out, gate_up, down, norm), mlp_decode(normed, gate_up, down))
     assert torch.equal(norm.out, normed) and torch.equal(norm.residual, expect_x)
-    assert not quant_linear.tile_counters(x.device, 1).any()
+    assert not quant_linear.TILE_COUNTERS.on(x.device).any()
     assert not ran

@@ -216,7 +216,7 @@ def test_tensor_core_decode(scheme: str, bk: int, dots: int, splits: int,
         expected = moe_experts_ref(x.float(), gate_up, down, weights, ids)
         torch.testing.assert_close(out.float(), expected, rtol=4e-3,
                                    atol=4e-3 * expected.abs().max().item())
-        assert not quant_linear.tile_counters(x.device, 1).any()
+        assert not quant_linear.TILE_COUNTERS.on(x.device).any()
     assert len(ran) == 4  # two stages, two cases
 
 
@@ -246,7 +246,7 @@ def test_the_router_routes_in_its_last_row_tile(tokens: int, shared: bool) -> No
     weights, ids, operand = moe.router(x, w, 4, shared, None)
     expect = route(linear(x, w), 4, shared)
     assert operand is None and torch.equal(ids, expect[1]) and torch.equal(weights, expect[0])
-    assert not quant_linear.tile_counters(x.device, 1).any()
+    assert not quant_linear.TILE_COUNTERS.on(x.device).any()
     alone = moe.router(x[-1:], w, 4, shared, None)  # a token's bits whatever its batch
     assert torch.equal(alone[0], weights[-1:]) and torch.equal(alone[1], ids[-1:])
     for rows in (x.float(), x.new_zeros(DECODE_MAX_TOKENS + 1, hidden)):
@@ -319,7 +319,7 @@ def test_the_router_runs_the_norm_before_it(tokens: int,
     assert torch.equal(ids, expect[1]) and torch.equal(weights, expect[0])
     assert torch.equal(operand.xo, expect[2].xo) and torch.equal(operand.inv, expect[2].inv)
     assert torch.equal(operand.xsum, expect[2].xsum)
-    assert not quant_linear.tile_counters(x.device, 1).any()
+    assert not quant_linear.TILE_COUNTERS.on(x.device).any()
 
 
 @pytest.mark.parametrize(("scheme", "inter"), [("nvfp4", 320), ("int4", 384)])
@@ -338,7 +338,7 @@ def test_the_gate_up_stage_hands_the_down_stage_its_operand(scheme: str, inter: 
     expect = quant_linear.activation_operands(hidden, handed.group, handed.sums)
     assert torch.equal(handed.xo, expect.xo) and torch.equal(handed.inv, expect.inv)
     assert not handed.sums or torch.equal(handed.xsum, expect.xsum)
-    assert not quant_linear.tile_counters(x.device, 1).any()
+    assert not quant_linear.TILE_COUNTERS.on(x.device).any()
 
 
 # the interpreter casts fp32 to bf16 by truncation: bf16's bits on the GPU only

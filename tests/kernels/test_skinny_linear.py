@@ -41,7 +41,7 @@ def test_matches_f_linear(m: int, n: int, k: int) -> None:
     torch.testing.assert_close(out, F.linear(x.float(), w.float()).to(DTYPE),
                                atol=ATOL, rtol=1e-2)
     # the last part of each row tile reset its arrival counter for the next call
-    assert not quant_linear.tile_counters(x.device, 8).any()
+    assert not quant_linear.TILE_COUNTERS.on(x.device).any()
 
 
 def test_more_k_parts_than_the_last_program_loads_at_once(
@@ -53,7 +53,7 @@ def test_more_k_parts_than_the_last_program_loads_at_once(
     assert skinny_linear.k_split(16, 40 * 128, torch.device(DEVICE))[1] == 40
     torch.testing.assert_close(skinny_linear.skinny_linear(x, w),
                                F.linear(x.float(), w.float()).to(DTYPE), atol=ATOL, rtol=1e-2)
-    assert not quant_linear.tile_counters(x.device, 8).any()
+    assert not quant_linear.TILE_COUNTERS.on(x.device).any()
 
 
 def test_linear_takes_it_for_few_rows_through_small_plain_weights(
@@ -137,7 +137,7 @@ def test_runs_the_norm_before_it(m: int, k: int, residual: bool,
         assert torch.equal(operand.xo, expect_operand.xo)
         assert torch.equal(operand.inv, expect_operand.inv)
         assert not spec[1] or torch.equal(operand.xsum, expect_operand.xsum)
-    assert not quant_linear.tile_counters(x.device, 8).any()
+    assert not quant_linear.TILE_COUNTERS.on(x.device).any()
 
 
 def test_a_norm_of_more_rows_runs_first() -> None:

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from ninfer_runtime.ops.compile_ahead import launch
 from ninfer_runtime.ops.conv import causal_conv1d_update, check_conv_args
+from ninfer_runtime.ops.counters import CounterPool
 from ninfer_runtime.ops.dispatch import INTERPRET, graphing, use_triton
 from ninfer_runtime.ops.launch import dot_precision, options
 from ninfer_runtime.ops.norm import gated_rms_norm, operand_heads, rounds_product
@@ -421,9 +422,7 @@ def _launch_decode(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
         if heads is not None:
             operand = DecodeOperand.empty(n, nv * dv, *norm.spec, out.device)
         heads = heads or 1
-    tickets = _ticket_pool(mixed_qkv.device)
-    assert seqs * (nk + nv) <= _MAX_TICKETS, \
-        f"gdn_decode takes at most {_MAX_TICKETS // (nk + nv)} sequences"
+    tickets = DECODE_TICKETS.on(mixed_qkv.device, seqs * (nk + nv))
     bv = min(block_v or _decode_tile(seqs, nv, dv, mixed_qkv.device), dv)
     kernel = conv_weight.shape[1]
     _gdn_decode_kernel[(nv * (dv // bv), seqs)](
@@ -455,10 +454,8 @@ def _launch_decode(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
 # 616 tok/s against 641 (docs/perf.md, thirty-first run).
 _DECODE_WARPS = 4
 _DECODE_MIN_PROGRAMS_PER_SM = 2
-# Sequence x k-head counters of the decode kernel's ticket (see the kernel). Every launch
-# leaves them zero, so one zeroed pool per device serves every launch and CUDA graph.
-# NOTE: launches that could run concurrently (two streams) must not share it.
-_MAX_TICKETS = 1 << 16
+# the decode kernel's ticket (see the kernel): sequence x k-head, then sequence x v-head
+DECODE_TICKETS = CounterPool("gdn_decode tickets", 1 << 16)
 
 
 @cache
@@ -473,11 +470,6 @@ def _decode_tile(seqs: int, nv: int, dv: int, device: torch.device) -> int:
         return 16
     wide = seqs * nv * max(1, dv // 32)
     return 32 if wide >= _DECODE_MIN_PROGRAMS_PER_SM * _sm_count(device) else 16
-
-
-@cache
-def _ticket_pool(device: torch.device) -> torch.Tensor:
-    return torch.zeros(_MAX_TICKETS, dtype=torch.int32, device=device)
 
 
 def _launch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,

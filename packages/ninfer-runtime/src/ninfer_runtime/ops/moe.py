@@ -646,7 +646,7 @@ def _run_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: torch.Tenso
     words = w.weight.view(torch.int32)
     # arrival counters: (output row, column tile) for the K parts, then (pair, operand group)
     groups = pairs * triton.cdiv(n, hand_on.group) if hand_on else 0
-    counters = quant_linear.tile_counters(a.device, outputs * tiles + groups)
+    counters = quant_linear.TILE_COUNTERS.on(a.device, outputs * tiles + groups)
     launch(
         _decode_experts_kernel, (pairs, tiles, splits),
         operand.xo, operand.inv, operand.xsum, words, w.scale, w.aux, part_buf, counters, out,

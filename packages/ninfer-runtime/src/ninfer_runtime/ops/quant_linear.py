@@ -90,6 +90,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ninfer_runtime.ops import tuning_cache
 from ninfer_runtime.ops.ablation import ablated, zeros
 from ninfer_runtime.ops.compile_ahead import compile_candidates, launch
+from ninfer_runtime.ops.counters import CounterPool
 from ninfer_runtime.ops.dispatch import INTERPRET
 from ninfer_runtime.ops.launch import dot_precision, l2_prefetch, options
 from ninfer_runtime.ops.quant_decode import INT_F16_BIAS, NV_F16_EXP
@@ -662,7 +663,7 @@ def mlp_decode(x: torch.Tensor, gate_up: PackedWeight, down: PackedWeight,
     if dplan is None:
         return None
     operand = DecodeOperand.empty(m, inter, group, needs_group_sums(down), x.device)
-    pool = tile_counters(x.device, 0)
+    pool = TILE_COUNTERS.on(x.device)
     g_grid, g_args, g_kw, used = _decode_args(x, gops, gate_up_out, gplan, False,
                                               _normed_operand(x, gate_up, norm),
                                               (hidden, operand), pool)
@@ -849,7 +850,7 @@ def _run_decode(x: torch.Tensor, ops: _Operands, out: torch.Tensor, plan: Decode
                 hand_on: tuple[torch.Tensor, DecodeOperand] | None = None) -> None:
     """hand_on (`swiglu_decode`): the SiLU product's buffer [M, N/2] and its operand's."""
     grid, args, kw, _ = _decode_args(x, ops, out, plan, swiglu, operand, hand_on,
-                                     tile_counters(x.device, 0))
+                                     TILE_COUNTERS.on(x.device))
     launch(_decode_kernel, grid, *args, **kw, **options(x.device))
 
 
@@ -908,19 +909,9 @@ def decode_tile_args(layout: _Layout, config: DecodeConfig, n: int, k: int, m: i
                 num_stages=config.stages, **cap)
 
 
-_MAX_TILES = 1 << 16  # row tiles a decode call may have (N <= 4M at BN = 64)
-_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """The zeroed int32 arrival counters, one per row tile, that the decode kernels' K parts
-    count themselves in (the last part of a tile sums them and sets its counter back to 0,
-    so the buffer stays zero between calls and graph replays). One buffer per device, never
-    reallocated: captured graphs keep its address."""
-    assert tiles <= _MAX_TILES, f"{tiles} row tiles: more than the counters hold"
-    if device not in _counters:
-        _counters[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
-    return _counters[device]
+# the decode kernels' arrival counters: one per row tile, where the tile's K parts count
+# themselves (N <= 4M at BN = 64), then any the kernel hands on with
+TILE_COUNTERS = CounterPool("decode tile counters", 1 << 16)
 
 
 def _launch_gemm(x: torch.Tensor, ops: _Operands, out: torch.Tensor) -> None:

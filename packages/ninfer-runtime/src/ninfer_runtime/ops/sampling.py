@@ -29,10 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 
 import torch
 
+from ninfer_runtime.ops.counters import CounterPool
 from ninfer_runtime.ops.dispatch import use_triton
 from ninfer_runtime.ops.host_copy import to_device
 
@@ -280,7 +280,6 @@ def _launch_sample(scores: torch.Tensor, rows: RowSampling, block: int = 1024,
     b, v = scores.shape
     if b == 0:
         return torch.empty(0, dtype=torch.int64, device=scores.device)
-    assert b <= _MAX_ROWS, f"sample_rows: at most {_MAX_ROWS} rows, got {b}"
     filtered = bool(rows.candidates) or rows.any_min_p
     temperature = rows.temperature.float().contiguous()
     threshold = _thresholds(scores, rows) if filtered else temperature  # unread unfiltered
@@ -292,21 +291,14 @@ def _launch_sample(scores: torch.Tensor, rows: RowSampling, block: int = 1024,
     tokens = torch.empty(b, dtype=torch.int64, device=scores.device)
     _sample_kernel[(b, num_chunks)](
         scores, scores.stride(0), v, temperature, threshold, rows.seed.contiguous(),
-        rows.step.contiguous(), best_key, best_id, _row_tickets(scores.device), tokens,
+        rows.step.contiguous(), best_key, best_id, ROW_TICKETS.on(scores.device, b), tokens,
         FILTERED=filtered, CHUNK=chunk, BLOCK=block,
         CHUNKS=triton.next_power_of_2(num_chunks), num_warps=4)
     return tokens
 
 
-# One counter per row of the sample kernel's ticket; every launch leaves them zero, so one
-# zeroed pool per device serves every launch (launches on one stream: two streams sampling at
-# once would need their own).
-_MAX_ROWS = 1 << 12
-
-
-@cache
-def _row_tickets(device: torch.device) -> torch.Tensor:
-    return torch.zeros(_MAX_ROWS, dtype=torch.int32, device=device)
+# one counter per row: the sample kernel's last chunk program writes the row's token
+ROW_TICKETS = CounterPool("sample_rows tickets", 1 << 12)
 
 
 # ---- kernels ----

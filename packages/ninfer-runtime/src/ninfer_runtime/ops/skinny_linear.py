@@ -96,7 +96,7 @@ class Launch:
         """The arguments the kernels share, up to the operand buffers, with a counter for each
         row tile and `counters` more after them."""
         tiles = self.grid[0]
-        return (x, w, self.parts, quant_linear.tile_counters(x.device, tiles + counters),
+        return (x, w, self.parts, quant_linear.TILE_COUNTERS.on(x.device, tiles + counters),
                 self.out)
 
     def sizes(self, x: torch.Tensor, w: torch.Tensor) -> tuple:
