@@ -125,6 +125,22 @@ def test_rows_without_filters_are_drawn_in_one_kernel() -> None:
         assert torch.equal(_launch_sample(logits, rows, block=32, blocks_per_chunk=2), expected)
 
 
+def test_greedy_rows_copy_nothing_to_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An all-greedy batch's settings are constants: built once, no per-step transfer."""
+    import ninfer_runtime.ops.sampling as sampling
+
+    def no_copy(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an all-greedy batch copied its settings")
+
+    monkeypatch.setattr(sampling, "to_device", no_copy)
+    v, greedy = 300, [(0.0, 0, 0.9, 0.1)] * 3  # filters are moot at temperature 0
+    logits = randn(len(greedy), v, seed=9)
+    rows = rows_of(greedy, v, seeds=[1, 2, 3], steps=[4] * 3)
+    assert rows is rows_of(greedy, v, seeds=[5, 6, 7], steps=[8] * 3)
+    assert torch.equal(sample_rows(logits, rows), logits.argmax(-1))
+    assert torch.equal(sample_rows_ref(logits, rows), logits.argmax(-1))
+
+
 def test_rank_filters_only_need_the_top_candidates() -> None:
     """With top-k on every sampled row the threshold comes from the top max(k) scores; the
     result is the one the full sort gives."""

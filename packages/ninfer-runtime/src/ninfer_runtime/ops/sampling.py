@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -157,8 +158,11 @@ class RowSampling:
     def build(cls, temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float],
               min_p: Sequence[float], seed: Sequence[int], step: Sequence[int], vocab: int,
               device: torch.device | str) -> RowSampling:
-        """From host values: two host-to-device copies, neither waits for the device."""
+        """From host values: two host-to-device copies, neither waits for the device; none
+        when every row is greedy, whose settings are constants."""
         sampled = [i for i, t in enumerate(temperature) if t > 0]
+        if not sampled:
+            return _all_greedy(len(temperature), torch.device(device))
         ranked = [i for i in sampled if top_k[i] > 0 or top_p[i] < 1.0]
         if any(top_k[i] <= 0 for i in ranked):
             candidates = vocab
@@ -168,6 +172,14 @@ class RowSampling:
         ints = to_device([top_k, seed, step], torch.int64, device)
         return cls(floats[0], ints[0], floats[1], floats[2], ints[1], ints[2], candidates,
                    any(min_p[i] > 0.0 for i in sampled))
+
+
+@cache
+def _all_greedy(rows: int, device: torch.device) -> RowSampling:
+    """Greedy settings for `rows` rows, made once (seed and step are unread for greedy rows)."""
+    zeros = torch.zeros(rows, device=device)
+    ints = torch.zeros(rows, dtype=torch.int64, device=device)
+    return RowSampling(zeros, ints, torch.ones(rows, device=device), zeros, ints, ints, 0, False)
 
 
 def sample_rows_ref(scores: torch.Tensor, rows: RowSampling) -> torch.Tensor:
