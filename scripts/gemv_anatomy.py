@@ -4,7 +4,7 @@ The twenty-sixth run found the 27B's decode GEMVs at 47-74% of the copy bandwidt
 program walks 4-7 K tiles, and the lm_head at 94% where it walks 20 (docs/perf.md); whole
 waves did not help (twenty-seventh). This times a fixed grid of programs (N / BN row tiles x
 --splits K parts, the default config) while the K tiles each program walks double, streaming
-over weight copies as the decode tuner does (`quant_linear._streaming_times`), three ways:
+over weight copies as the decode tuner does (`tuner.streaming_times`), three ways:
 
 - `call`: as the tuner times it, the activation pass included;
 - `kernel`: the decode kernel alone, on an operand made beforehand (as the engine's norms
@@ -28,10 +28,11 @@ import torch
 from ninfer_bench.ceilings import ceilings
 from ninfer_bench.kernels.linear import random_weight, save_table, weight_bytes
 from ninfer_runtime.ops import quant_linear as ql
+from ninfer_runtime.ops import tuner
 
 
 def _us(plan: ql.DecodePlan, runs: list) -> float:
-    return ql._streaming_times([plan], runs)[0] * 1e3
+    return tuner.streaming_times([plan], runs)[0] * 1e3
 
 
 def _times(n: int, k: int, splits: int, gen: torch.Generator) -> tuple[float, float, int]:

@@ -1,8 +1,8 @@
 """Does the decode tuner pick the fastest plan, and the same one each time? (GPU, ~2 min)
 
-The decode tuner (`quant_linear.tuned_plan`) times each (config, K split) candidate as
+The decode tuner (`tuner.tuned_plan`) times each (config, K split) candidate as
 CUDA-graph replays of calls cycling through zero-filled stand-ins for the weight, its median
-over rounds that take every candidate in turn (`quant_linear._streaming_times`), and keeps the
+over rounds that take every candidate in turn (`tuner.streaming_times`), and keeps the
 fastest. Its previous timing (one weight, each call behind a read of twice the L2) was
 repeatable but blind on the 27B's smaller shapes, and its plans decoded 2.7% slower than the
 plans this probe found fastest (docs/perf.md, twenty-fifth run).
@@ -29,7 +29,7 @@ import torch
 
 from ninfer_bench.kernels.linear import _rotating, _timed, model_weights, save_table
 from ninfer_runtime.ops import quant_linear as ql
-from ninfer_runtime.ops import tuning_cache
+from ninfer_runtime.ops import tuner, tuning_cache
 
 
 def probe(label: str, ws: list, m: int, rounds: int, gen: torch.Generator, keep: bool
@@ -43,7 +43,7 @@ def probe(label: str, ws: list, m: int, rounds: int, gen: torch.Generator, keep:
     options = ql.decode_candidates(n, k, ops.layout.scheme, x.device)
 
     runs = ql.decode_runs(x, ops, out)
-    timed = [[t * 1e3 for t in ql._streaming_times(options, runs)] for _ in range(rounds)]
+    timed = [[t * 1e3 for t in tuner.streaming_times(options, runs)] for _ in range(rounds)]
     del runs
     key = ql._decode_key(n, k, ops.layout, x)
     streaming = []

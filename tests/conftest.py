@@ -41,12 +41,12 @@ def untuned_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     H200 (docs/perf.md, ninth run). Under the interpreter every tuner has one config already."""
     from triton.runtime.autotuner import Autotuner
 
-    from ninfer_runtime.ops import quant_linear
+    from ninfer_runtime.ops import quant_linear, tuner
 
     prune = Autotuner.prune_configs
     monkeypatch.setattr(Autotuner, "prune_configs",
-                        lambda tuner, kwargs: prune(tuner, kwargs)[:1])
-    monkeypatch.setattr(quant_linear, "DECODE_TUNING", False)
+                        lambda autotuner, kwargs: prune(autotuner, kwargs)[:1])
+    monkeypatch.setattr(tuner, "DECODE_TUNING", False)
     monkeypatch.setattr(quant_linear, "_decode_plans", {})
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ninfer_runtime.models.layers import gated_norm, mlp
 from ninfer_runtime.models.weights import MLPWeights, WeightReader
-from ninfer_runtime.ops import quant_linear
+from ninfer_runtime.ops import quant_linear, tuner
 from ninfer_runtime.ops.activation import silu_and_mul
 from ninfer_runtime.ops.linear import (
     linear,
@@ -677,9 +677,9 @@ def test_a_capped_config_launches_at_its_register_cap(scheme: str,
 def test_tuned_decode_gives_the_reference(scheme: str, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """With the decode tuner on (on the GPU it times every candidate streaming over zero-filled
-    copies of the weight, `quant_linear._streaming_times`), the plan it picks gives the
+    copies of the weight, `tuner.streaming_times`), the plan it picks gives the
     reference, and the weight itself is untouched."""
-    monkeypatch.setattr(quant_linear, "DECODE_TUNING", True)
+    monkeypatch.setattr(tuner, "DECODE_TUNING", True)
     monkeypatch.setenv("NINFER_HOME", str(tmp_path))
     w = packed(scheme, 384, 512)
     before = {r: p.clone() for r, p in w.parts.items()}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ninfer_runtime.ops import moe, quant_linear, skinny_linear
+from ninfer_runtime.ops import moe, quant_linear, skinny_linear, tuner
 from ninfer_runtime.ops.linear import linear
 from ninfer_runtime.ops.moe import (
     DECODE_MAX_TOKENS,
@@ -406,7 +406,7 @@ def test_tuned_tensor_core_decode_gives_the_reference(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """With the stages' tuner on (on the GPU it times every candidate with the routing rotated
     over other experts, `moe._rotated_ids`), the plans it picks give the reference."""
-    monkeypatch.setattr(quant_linear, "DECODE_TUNING", True)
+    monkeypatch.setattr(tuner, "DECODE_TUNING", True)
     monkeypatch.setattr(moe, "_stage_plans", {})
     monkeypatch.setenv("NINFER_HOME", str(tmp_path))
     x, gate_up, down, weights, ids = experts_case("nvfp4", 1, 768, 64, HALF, top_k=2)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ninfer_runtime.ops import quant_linear, tuning_cache
+from ninfer_runtime.ops import quant_linear, tuner, tuning_cache
 from ninfer_runtime.quant import PackedWeight, get_scheme
 
 KEY = (4096, 5120, 0, torch.float16, torch.device("cuda", 0))
@@ -19,7 +19,7 @@ OPTIONS = ["plan-a", "plan-b", "plan-c"]
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "tuning" / "H200-triton3.json"
     monkeypatch.setattr(tuning_cache, "cache_file", lambda device: path)
-    monkeypatch.setattr(quant_linear, "DECODE_TUNING", True)
+    monkeypatch.setattr(tuner, "DECODE_TUNING", True)
     return path
 
 
@@ -56,13 +56,13 @@ def test_tuned_plan_reuses_a_stored_choice_without_timing(cache: Path) -> None:
         raise AssertionError("a cached plan must not be timed")
 
     plans: dict = {}
-    plan = quant_linear.tuned_plan(plans, KEY, lambda: list(OPTIONS), runs, KEY[-1])
+    plan = tuner.tuned_plan(plans, KEY, lambda: list(OPTIONS), runs, KEY[-1])
     assert plan == "plan-b" and plans[KEY] == "plan-b"
 
 
 def test_tuned_plan_off_the_gpu_takes_the_first(cache: Path) -> None:
     tuning_cache.store(cache, tuning_cache.entry_key(KEY, OPTIONS), 2)
-    plan = quant_linear.tuned_plan({}, KEY, lambda: list(OPTIONS), lambda: [],
+    plan = tuner.tuned_plan({}, KEY, lambda: list(OPTIONS), lambda: [],
                                    torch.device("cpu"))
     assert plan == "plan-a"
 
@@ -79,9 +79,9 @@ def test_candidates_are_timed_streaming_over_weight_copies(
     events: list[tuple[str, int]] = []
     runs = [lambda c, i=i: events.append((c, i)) for i in range(3)]
     compiled = []
-    monkeypatch.setattr(quant_linear, "compile_candidates",
+    monkeypatch.setattr(tuner, "compile_candidates",
                         lambda run, options: compiled.append((run, list(options))))
-    monkeypatch.setattr(quant_linear, "_TUNING_ROUNDS", 3)
+    monkeypatch.setattr(tuner, "_TUNING_ROUNDS", 3)
     measured = iter([1.0, 5.0,  # round 1: plan-a looks fastest
                      9.0, 4.0, 8.0, 4.5])
 
@@ -91,7 +91,7 @@ def test_candidates_are_timed_streaming_over_weight_copies(
         return next(measured)
 
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph", bench)
-    times = quant_linear._streaming_times(OPTIONS[:2], runs)
+    times = tuner.streaming_times(OPTIONS[:2], runs)
     one_measurement = [0, 1, 2, 0]
     assert events == [(plan, i) for _ in range(3) for plan in OPTIONS[:2]
                       for i in one_measurement]
@@ -110,7 +110,7 @@ def test_weight_copies_exceed_the_l2(monkeypatch: pytest.MonkeyPatch) -> None:
     w = PackedWeight(get_scheme("nvfp4"), parts, (n, k))
     ops = quant_linear._operands(w)
     size = ops.words.nbytes + ops.scale.nbytes
-    monkeypatch.setattr(quant_linear, "_l2_bytes", lambda device: 2 * size)
+    monkeypatch.setattr(tuner, "_l2_bytes", lambda device: 2 * size)
     copies = quant_linear._weight_copies(ops, torch.device("cpu"))
     assert len(copies) == 6 and copies[0] is ops
     for c in copies[1:]:
@@ -118,7 +118,7 @@ def test_weight_copies_exceed_the_l2(monkeypatch: pytest.MonkeyPatch) -> None:
         assert c.scale.shape == ops.scale.shape and not c.words.any()
         assert c.zero is c.scale and c.gscale is ops.gscale
         assert c.words.data_ptr() != ops.words.data_ptr()
-    monkeypatch.setattr(quant_linear, "_l2_bytes", lambda device: size // 4)
+    monkeypatch.setattr(tuner, "_l2_bytes", lambda device: size // 4)
     assert quant_linear._weight_copies(ops, torch.device("cpu")) == [ops]
 
 
@@ -132,7 +132,7 @@ def test_moe_stage_tuner_rotates_the_routing_over_other_experts(
 
     w = moe._Experts.of(torch.zeros(16, 8, 32, dtype=torch.bfloat16), "gate_up")
     per_expert = 8 * 32 * 2
-    monkeypatch.setattr(quant_linear, "_l2_bytes", lambda device: l2_experts * per_expert)
+    monkeypatch.setattr(tuner, "_l2_bytes", lambda device: l2_experts * per_expert)
     ids = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)  # two experts
     rotated = moe._rotated_ids(ids, w)
     assert len(rotated) == count and rotated[0] is ids

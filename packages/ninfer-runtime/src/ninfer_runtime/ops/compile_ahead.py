@@ -1,6 +1,6 @@
 """Tuning candidates compiled side by side before they are timed.
 
-Triton's autotuner, like the decode tuner (`quant_linear.tuned_plan`), compiles each candidate
+Triton's autotuner, like the decode tuner (`tuner.tuned_plan`), compiles each candidate
 just before it times it, one after another. On an empty Triton cache (a fresh machine, a new
 Triton) compilation is most of an engine's start: the 27B's one-step bench took 269 s to
 start with 201 compilations on the H100 (docs/perf.md, twenty-first run), 45 s once the cache

@@ -61,7 +61,7 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
-from ninfer_runtime.ops import quant_linear, skinny_linear
+from ninfer_runtime.ops import quant_linear, skinny_linear, tuner
 from ninfer_runtime.ops.activation import silu_and_mul
 from ninfer_runtime.ops.compile_ahead import launch
 from ninfer_runtime.ops.dispatch import INTERPRET, use_triton
@@ -601,7 +601,7 @@ def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: tor
     # tuned per power of two of the token count (the warm-up meets each, engine.warmup)
     key = (triton.next_power_of_2(ids.shape[0]), ids.shape[1], n, k, w.scheme, swiglu, a.dtype,
            l2_prefetch(a.device), a.device)
-    plan = quant_linear.tuned_plan(
+    plan = tuner.tuned_plan(
         _stage_plans, key, lambda: _stage_candidates(n, k, w.scheme, swiglu),
         lambda: [lambda c, i=i: _run_stage(a, w, out, i, weights, swiglu, c)
                  for i in _rotated_ids(ids, w)], a.device)
@@ -610,14 +610,14 @@ def _tensor_core_stage(a: torch.Tensor, w: _Experts, out: torch.Tensor, ids: tor
 
 def _rotated_ids(ids: torch.Tensor, w: _Experts) -> list[torch.Tensor]:
     """ids, then the same routing shifted to other experts (ids + j mod E), as many as
-    `quant_linear.weight_copy_count` asks for the experts a call reads (at most E over
+    `tuner.weight_copy_count` asks for the experts a call reads (at most E over
     their number): the stage's tuner cycles through them, so that its calls stream their
-    experts from memory as a step's do (ops.quant_linear._streaming_times)."""
+    experts from memory as a step's do (ops.tuner.streaming_times)."""
     e = w.shape[0]
     used = torch.unique(ids).numel()
     parts = {id(t): t for t in (w.weight, w.scale, w.aux)}
     per_expert = sum(t[0].nbytes for t in parts.values())
-    count = min(quant_linear.weight_copy_count(used * per_expert, ids.device), max(1, e // used))
+    count = min(tuner.weight_copy_count(used * per_expert, ids.device), max(1, e // used))
     step = e // count
     return [ids if i == 0 else (ids + i * step) % e for i in range(count)]
 

@@ -75,10 +75,8 @@ bf16 weights never come here: cuBLAS (F.linear) is the ceiling for them (BENCHMA
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -87,9 +85,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ninfer_runtime.ops import tuning_cache
+from ninfer_runtime.ops import tuner
 from ninfer_runtime.ops.ablation import ablated, zeros
-from ninfer_runtime.ops.compile_ahead import compile_candidates, launch
+from ninfer_runtime.ops.compile_ahead import launch
 from ninfer_runtime.ops.counters import CounterPool
 from ninfer_runtime.ops.dispatch import INTERPRET
 from ninfer_runtime.ops.launch import dot_precision, l2_prefetch, options
@@ -135,7 +133,6 @@ _INTERPRETER_SMS = 4  # small, so that CPU tests exercise the K split
 # with each config, the first being the default (the H200 sweep, scripts/split_sweep.py,
 # found the grid matters little: a shape's best target is within ~10% of the other)
 SPLIT_TARGETS = (4, 16)
-DECODE_TUNING = True  # False: the first config and split target, untimed (tests)
 _MAX_SPLITS = 16
 _SPLIT_GRANULE = 256  # K chunks are whole multiples of this and of their config's BK (`granule`)
 GROUP_BK = 128  # one groupwise-int quantization group: the K tile of its decode and GEMMs
@@ -708,8 +705,8 @@ def _decode_plan(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: boo
         key = (*key, launched_as)
         if key not in _decode_plans and not candidates():
             return None
-    return tuned_plan(_decode_plans, key, candidates, lambda: decode_runs(x, ops, out, swiglu),
-                      x.device)
+    return tuner.tuned_plan(_decode_plans, key, candidates,
+                            lambda: decode_runs(x, ops, out, swiglu), x.device)
 
 
 def decode_runs(x: torch.Tensor, ops: _Operands, out: torch.Tensor, swiglu: bool = False,
@@ -734,90 +731,17 @@ def chosen_decode_plan(w: PackedWeight, x: torch.Tensor) -> DecodePlan | None:
     return _decode_plans.get(_decode_key(*w.shape, _operands(w).layout, x))
 
 
-def tuned_plan(plans: dict, key: tuple, candidates: Callable[[], list],
-               runs: Callable[[], list[Callable[[object], None]]], device: torch.device
-               ) -> object:
-    """plans[key], chosen on the key's first call: on the GPU with DECODE_TUNING, the
-    candidate a previous process chose (`tuning_cache`) or else the fastest, timed by
-    `_streaming_times` over the calls `runs()` makes (each runs a candidate on its own copy
-    of the weights); otherwise the first."""
-    plan = plans.get(key)
-    if plan is None:
-        options = candidates()
-        plan = options[0]
-        if DECODE_TUNING and len(options) > 1 and device.type == "cuda":
-            plan = options[_chosen_index(key, options, runs, device)]
-        plans[key] = plan
-    return plan
-
-
-def _chosen_index(key: tuple, options: list, runs: Callable[[], list[Callable[[object], None]]],
-                  device: torch.device) -> int:
-    path = tuning_cache.cache_file(device)
-    entry = tuning_cache.entry_key(key, options)
-    index = tuning_cache.lookup(path, entry, len(options))
-    if index is None:
-        times = _streaming_times(options, runs())
-        index = times.index(min(times))
-        tuning_cache.store(path, entry, index)
-    return index
-
-
-_TUNING_ROUNDS = 3  # a candidate's time is its median over rounds that take every candidate
-
-
-def _streaming_times(options: list, runs: list[Callable[[object], None]]) -> list[float]:
-    """Each candidate's time a call: the median, over `_TUNING_ROUNDS` rounds that time
-    every candidate in turn, of CUDA-graph replays of calls that take the `runs` in turn
-    (each a call on its own copy of the weights: together they exceed the L2,
-    `weight_copy_count`).
-
-    In a step, a GEMV streams its weight from memory (the step's other weights evicted it)
-    right after the small kernel before it, and so do these calls. The previous timing (one
-    weight, each call behind a read of twice the L2, one measurement a candidate) ranked the
-    27B's 5120 x 6144 candidates within 0.5 us of one another where calls streaming over
-    copies differed by 2.8 us (docs/perf.md, twenty-fifth run; the engine's picks there
-    differed more for another reason, `decode_plan_rows`). Rounds keep whatever one moment
-    gives a candidate from deciding."""
-    from triton.testing import do_bench_cudagraph
-
-    compile_candidates(runs[0], options)  # built side by side, then timed one by one
-
-    def cycled(candidate: object) -> Callable[[], None]:
-        turn = itertools.cycle(runs)
-        return lambda: next(turn)(candidate)
-
-    rep = max(1, 20 // _TUNING_ROUNDS)  # ms of replays a measurement
-    rounds = [[do_bench_cudagraph(cycled(c), rep=rep, return_mode="median") for c in options]
-              for _ in range(_TUNING_ROUNDS)]
-    return [statistics.median(times) for times in zip(*rounds, strict=True)]
-
-
-_STREAM_L2S = 3  # a tuned call meets a weight copy again after this many L2s of other bytes
-
-
-def weight_copy_count(nbytes: int, device: torch.device) -> int:
-    """How many copies of a call's `nbytes` of weights the decode tuners cycle through: enough
-    that a copy is met again only after ~3 L2s of other bytes (1 where one call reads that
-    much)."""
-    return max(1, math.ceil(_STREAM_L2S * _l2_bytes(device) / nbytes))
-
-
 def _weight_copies(ops: _Operands, device: torch.device) -> list[_Operands]:
     """ops, then zero-filled stand-ins for its codes and scales (a decode call's time does
     not depend on their values), `weight_copy_count` in all."""
     parts = {id(t): t for t in (ops.words, ops.scale, ops.zero)}
-    count = weight_copy_count(sum(t.nbytes for t in parts.values()), device)
+    count = tuner.weight_copy_count(sum(t.nbytes for t in parts.values()), device)
     copies = [ops]
     for _ in range(count - 1):
         zeros = {i: torch.zeros_like(t) for i, t in parts.items()}
         copies.append(replace(ops, words=zeros[id(ops.words)], scale=zeros[id(ops.scale)],
                               zero=zeros[id(ops.zero)]))
     return copies
-
-
-def _l2_bytes(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).L2_cache_size
 
 
 def activation_operands(x: torch.Tensor, group: int, group_sums: bool, swiglu: bool = False,

@@ -2,7 +2,7 @@
 
 Timing every (config, K split) candidate of each weight shape costs a 27B server about a
 minute at start-up, and the benchmark suites start a fresh server per point. Triton keeps its
-own autotune results (`cache_results`); this does the same for `quant_linear.tuned_plan`: one
+own autotune results (`cache_results`); this does the same for `tuner.tuned_plan`: one
 JSON file per GPU model and Triton version under $NINFER_HOME/tuning (default
 ~/.cache/ninfer/tuning), mapping a plan key to the index of the chosen candidate. The key
 carries a digest of the candidate list, so changed candidates are timed again rather than
