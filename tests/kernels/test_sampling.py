@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer_runtime.ops.host_copy import to_device
 from ninfer_runtime.ops.sampling import (
     RowSampling,
     _launch_sample,
@@ -139,6 +140,23 @@ def test_greedy_rows_copy_nothing_to_the_device(monkeypatch: pytest.MonkeyPatch)
     assert rows is rows_of(greedy, v, seeds=[5, 6, 7], steps=[8] * 3)
     assert torch.equal(sample_rows(logits, rows), logits.argmax(-1))
     assert torch.equal(sample_rows_ref(logits, rows), logits.argmax(-1))
+
+
+def test_settings_reach_the_device_in_one_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ninfer_runtime.ops.sampling as sampling
+
+    copies = []
+    monkeypatch.setattr(sampling, "to_device", lambda *a: copies.append(a) or to_device(*a))
+    rows = rows_of(MIXED, 300, seeds=[2**62 + i for i in range(len(MIXED))],
+                   steps=list(range(len(MIXED))))
+    assert len(copies) == 1
+    settings = [list(c) for c in zip(*MIXED, strict=True)]
+    for got, want in zip((rows.temperature, rows.top_k, rows.top_p, rows.min_p),
+                         settings, strict=True):
+        assert torch.equal(got.cpu(), torch.tensor(want, dtype=got.dtype))
+    assert rows.seed.tolist() == [2**62 + i for i in range(len(MIXED))]
+    assert rows.step.tolist() == list(range(len(MIXED)))
+    assert rows.temperature.dtype == torch.float32 and rows.seed.dtype == torch.int64
 
 
 def test_rank_filters_only_need_the_top_candidates() -> None:

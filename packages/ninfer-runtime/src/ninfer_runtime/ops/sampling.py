@@ -27,6 +27,8 @@ small launch it saves shortens the step.
 
 from __future__ import annotations
 
+import struct
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -158,8 +160,9 @@ class RowSampling:
     def build(cls, temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float],
               min_p: Sequence[float], seed: Sequence[int], step: Sequence[int], vocab: int,
               device: torch.device | str) -> RowSampling:
-        """From host values: two host-to-device copies, neither waits for the device; none
-        when every row is greedy, whose settings are constants."""
+        """From host values in one host-to-device copy that does not wait for the device
+        (the fp32 settings' bits packed into int64 words ahead of the int64 ones); none when
+        every row is greedy, whose settings are constants."""
         sampled = [i for i, t in enumerate(temperature) if t > 0]
         if not sampled:
             return _all_greedy(len(temperature), torch.device(device))
@@ -168,9 +171,13 @@ class RowSampling:
             candidates = vocab
         else:
             candidates = min(vocab, max((top_k[i] for i in ranked), default=0))
-        floats = to_device([temperature, top_p, min_p], torch.float32, device)
-        ints = to_device([top_k, seed, step], torch.int64, device)
-        return cls(floats[0], ints[0], floats[1], floats[2], ints[1], ints[2], candidates,
+        b = len(temperature)
+        floats = struct.pack(f"<{3 * b}f", *temperature, *top_p, *min_p)
+        words = array("q", floats + bytes(-len(floats) % 16)).tolist()  # ints on 16 bytes
+        flat = to_device([*words, *top_k, *seed, *step], torch.int64, device)
+        floats_on, ints = flat[:len(words)].view(torch.float32), flat[len(words):].view(3, b)
+        t, p, m = floats_on[:3 * b].view(3, b)
+        return cls(t, ints[0], p, m, ints[1], ints[2], candidates,
                    any(min_p[i] > 0.0 for i in sampled))
 
 
