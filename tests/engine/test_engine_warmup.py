@@ -134,22 +134,30 @@ def test_every_warm_up_step_runs(tiny_model: Callable[[str], LoadedModel], kind:
 
 def test_sampler_warm_up_launches_every_sampling_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sampler's warm-up reaches both Triton sampling kernels (penalties and the draw),
-    and the draw on both types of scores it meets (the model's logits, the fp32 scores of a
-    batch with penalties), so that their compilation falls in the start-up, not in the first
-    request."""
+    and the draw with and without filters on both types of scores it meets (the model's
+    logits, the fp32 scores of a batch with penalties), so that their compilation falls in
+    the start-up, not in the first request."""
     from ninfer_runtime.engine.device_setup import warm_up_sampler
     from ninfer_runtime.ops import sampling
 
     monkeypatch.setenv("NINFER_OPS", "triton")
-    launched = []
-    for name in ("_launch_penalties", "_launch_sample"):
-        launch = getattr(sampling, name)
-        monkeypatch.setattr(sampling, name, lambda scores, *a, _f=launch, _n=name, **k: (
-            launched.append((_n, scores.dtype)), _f(scores, *a, **k))[1])
+    penalties, draws = set(), set()
+    launch_penalties, launch_sample = sampling._launch_penalties, sampling._launch_sample
+
+    def penalise(scores: torch.Tensor, *args: object) -> torch.Tensor:
+        penalties.add(scores.dtype)
+        return launch_penalties(scores, *args)
+
+    def draw(scores: torch.Tensor, rows: sampling.RowSampling) -> torch.Tensor:
+        draws.add((scores.dtype, bool(rows.candidates) or rows.any_min_p))
+        return launch_sample(scores, rows)
+
+    monkeypatch.setattr(sampling, "_launch_penalties", penalise)
+    monkeypatch.setattr(sampling, "_launch_sample", draw)
     warm_up_sampler(torch.randn(3, 300).bfloat16())
-    assert sorted(launched, key=str) == [("_launch_penalties", torch.bfloat16),
-                                         ("_launch_sample", torch.bfloat16),
-                                         ("_launch_sample", torch.float32)]
+    assert penalties == {torch.bfloat16}
+    assert draws == {(dtype, filtered) for dtype in (torch.bfloat16, torch.float32)
+                     for filtered in (False, True)}
 
 
 def test_the_proposer_warm_up_runs_decode_steps_whose_context_does_not_fit(

@@ -157,6 +157,10 @@ def test_settings_reach_the_device_in_one_copy(monkeypatch: pytest.MonkeyPatch) 
     assert rows.seed.tolist() == [2**62 + i for i in range(len(MIXED))]
     assert rows.step.tolist() == list(range(len(MIXED)))
     assert rows.temperature.dtype == torch.float32 and rows.seed.dtype == torch.int64
+    for b in range(1, 6):  # every row on 16 bytes whatever the batch size: one kernel variant
+        rows = rows_of(MIXED[1:1 + b], 300, seeds=[7] * b, steps=[1] * b)
+        assert all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (
+            rows.temperature, rows.top_k, rows.top_p, rows.min_p, rows.seed, rows.step))
 
 
 def test_rank_filters_only_need_the_top_candidates() -> None:

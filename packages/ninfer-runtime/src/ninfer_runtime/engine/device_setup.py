@@ -128,19 +128,21 @@ def warm_up(model: Qwen3_5Model, caches: list[LayerCache], config: EngineConfig,
 
 
 def warm_up_sampler(logits: torch.Tensor) -> None:
-    """Every sampling kernel once on each type of scores it meets: the model's logits (a batch
-    without penalties: a greedy row and one with temperature and filters) and the fp32 scores
-    that penalties make of the whole batch (with logprobs too). A kernel's first launch on a
-    type compiles it (seconds on a machine whose Triton cache is cold), which would otherwise
-    fall inside the first request's time to first token: the H200 engine bench saw
-    `_sample_kernel` compile in the first request when the warm-up's only batch had
-    penalties."""
+    """Every sampling kernel once on each type of scores it meets, with and without filters
+    (the draw's two variants): the model's logits (batches without penalties: a greedy row
+    beside one with temperature, then with filters) and the fp32 scores that penalties make
+    of the whole batch (with logprobs too). A kernel's first launch on a type compiles it
+    (seconds on a machine whose Triton cache is cold), which would otherwise fall inside the
+    first request's time to first token: the H200 engine bench saw `_sample_kernel` compile
+    in the first request when the warm-up's only batch had penalties, and the H100 the
+    unfiltered draw's compile in the first greedy request (thirty-sixth run)."""
     vocab, device = logits.shape[-1], logits.device
-    batches = [[SamplingParams(temperature=0.0),
+    penalties = {"presence_penalty": 0.1, "frequency_penalty": 0.1, "repetition_penalty": 1.1}
+    batches = [[SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=0)],
+               [SamplingParams(temperature=0.0),
                 SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=0)],
-               [SamplingParams(temperature=0.7, top_k=20, presence_penalty=0.1,
-                               frequency_penalty=0.1, repetition_penalty=1.1, seed=0,
-                               logprobs=1)]]
+               [SamplingParams(temperature=0.8, seed=0, **penalties)],
+               [SamplingParams(temperature=0.7, top_k=20, seed=0, logprobs=1, **penalties)]]
     for rows in batches:
         states = [SamplerState.create(params, [0], vocab, device) for params in rows]
         sample(logits[:1].expand(len(rows), vocab).contiguous(), states)

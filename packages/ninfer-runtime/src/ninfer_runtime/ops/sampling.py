@@ -161,8 +161,10 @@ class RowSampling:
               min_p: Sequence[float], seed: Sequence[int], step: Sequence[int], vocab: int,
               device: torch.device | str) -> RowSampling:
         """From host values in one host-to-device copy that does not wait for the device
-        (the fp32 settings' bits packed into int64 words ahead of the int64 ones); none when
-        every row is greedy, whose settings are constants."""
+        (the fp32 settings' bits packed into int64 words ahead of the int64 settings, each
+        setting's row starting on 16 bytes: Triton compiles a variant per pointer alignment,
+        which would otherwise differ between odd and even batch sizes); none when every row
+        is greedy, whose settings are constants."""
         sampled = [i for i, t in enumerate(temperature) if t > 0]
         if not sampled:
             return _all_greedy(len(temperature), torch.device(device))
@@ -172,13 +174,18 @@ class RowSampling:
         else:
             candidates = min(vocab, max((top_k[i] for i in ranked), default=0))
         b = len(temperature)
-        floats = struct.pack(f"<{3 * b}f", *temperature, *top_p, *min_p)
-        words = array("q", floats + bytes(-len(floats) % 16)).tolist()  # ints on 16 bytes
-        flat = to_device([*words, *top_k, *seed, *step], torch.int64, device)
-        floats_on, ints = flat[:len(words)].view(torch.float32), flat[len(words):].view(3, b)
-        t, p, m = floats_on[:3 * b].view(3, b)
-        return cls(t, ints[0], p, m, ints[1], ints[2], candidates,
-                   any(min_p[i] > 0.0 for i in sampled))
+        fw, iw = -(-b // 4) * 4, -(-b // 2) * 2  # a row's width in 16-byte units
+        floats = struct.pack(f"<{3 * fw}f", *_rows((temperature, top_p, min_p), fw))
+        words = array("q", floats).tolist()
+        flat = to_device([*words, *_rows((top_k, seed, step), iw)], torch.int64, device)
+        t, p, m = flat[:len(words)].view(torch.float32).view(3, fw)[:, :b]
+        k, s, n = flat[len(words):].view(3, iw)[:, :b]
+        return cls(t, k, p, m, s, n, candidates, any(min_p[i] > 0.0 for i in sampled))
+
+
+def _rows(rows: Sequence[Sequence], width: int) -> list:
+    """The rows back to back, each padded with zeros to `width`."""
+    return [v for row in rows for v in (*row, *[0] * (width - len(row)))]
 
 
 @cache
