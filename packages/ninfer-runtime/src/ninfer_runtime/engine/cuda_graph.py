@@ -91,6 +91,10 @@ class _Captured:
     def __init__(self, example: StepBatch, max_pages: int, inputs: tuple[torch.Tensor, ...]):
         self.static = _padded(example, max_pages)
         self.packed_at = _packed_offsets(self.static)
+        # tensor fields the static step keeps outside its packed buffer: copied every step
+        self.apart = [name for name in _FIELDS if name not in ("packed", "page_tables")
+                      and name not in self.packed_at
+                      and isinstance(getattr(self.static, name), torch.Tensor)]
         self.inputs = tuple(t.clone() for t in inputs)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple[torch.Tensor, ...] = ()
@@ -102,15 +106,15 @@ class _Captured:
         for src, dst in zip(inputs, self.inputs, strict=True):
             dst.copy_(src, non_blocking=True)
         self.static.packed.copy_(batch.packed, non_blocking=True)
-        src_at = _packed_offsets(batch)
-        for name in _FIELDS:
-            src, dst = getattr(batch, name), getattr(self.static, name)
-            if not isinstance(src, torch.Tensor) or name == "packed":
-                continue  # host fields and absent snapshot slots: equal (see _matches)
-            if name == "page_tables":
-                dst[:, : src.shape[1]].copy_(src, non_blocking=True)
-            elif name not in self.packed_at or src_at.get(name) != self.packed_at[name]:
-                dst.copy_(src, non_blocking=True)
+        tables = batch.page_tables
+        self.static.page_tables[:, : tables.shape[1]].copy_(tables, non_blocking=True)
+        base, size = batch.packed.data_ptr(), batch.packed.element_size()
+        for name, at in self.packed_at.items():
+            src = getattr(batch, name)
+            if src.data_ptr() != base + at * size:  # not where the packed copy put it
+                getattr(self.static, name).copy_(src, non_blocking=True)
+        for name in self.apart:
+            getattr(self.static, name).copy_(getattr(batch, name), non_blocking=True)
 
 
 def _packed_offsets(batch: StepBatch) -> dict[str, int]:
