@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ninfer_bench.timeline import Gap, timeline
+from ninfer_bench.timeline import Activity, Gap, timeline
 
 
 def test_overlapping_activities_count_once_and_gaps_are_named() -> None:
@@ -29,6 +29,11 @@ def test_repeated_gaps_are_summed_largest_first() -> None:
             ("read", 55.0, 56.0), ("step", 80.0, 90.0)]
     t = timeline(acts, steps=3, min_gap_us=2.0)
     assert t.gaps == [Gap("read", "step", 2, 48.0), Gap("step", "read", 2, 10.0)]
+    # at most twice a step: all three kinds here ("step" 3 times in 3 steps)
+    assert t.rare == [Activity("step", 3, 30.0), Activity("read", 2, 2.0)]
+    many = timeline([("layer", 10.0 * i, 10.0 * i + 9) for i in range(7)] + [("copy", 70, 72)],
+                    steps=3)
+    assert many.rare == [Activity("copy", 1, 2.0)]  # "layer" runs 7 times in 3 steps
     with pytest.raises(ValueError, match="no device activity"):
         timeline([], steps=1)
 
@@ -46,4 +51,5 @@ def test_the_engine_bench_prints_the_timeline() -> None:
     assert ("decode ctx8_c1, the device's timeline over 2 steps: 100.0 us a step, the GPU busy "
             "93.5 and idle 6.5") in text
     assert "| `graph` | `copy` | 1 | 5.0 |" in text and "| `copy` | `graph` | 1 | 1.5 |" in text
+    assert "| `graph` | 1.00 | 92.5 |" in text and "| `copy` | 0.50 | 1.0 |" in text
     assert "ctx8_c2" not in text  # no timeline off a GPU

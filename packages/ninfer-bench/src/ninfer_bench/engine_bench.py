@@ -550,6 +550,10 @@ def markdown(report: dict, top: int = 15) -> str:
                   "either side):", "", "| before | after | gaps | us a step |", "|---|---|---|---|"]
         lines += [f"| `{g.before[:60]}` | `{g.after[:60]}` | {g.count} | {g.us / t.steps:.1f} |"
                   for g in t.gaps[:top]]
+        lines += ["", "The activities that run at most twice a step, by their own time:", "",
+                  "| activity | a step | us a step |", "|---|---|---|"]
+        lines += [f"| `{a.name[:70]}` | {a.count / t.steps:.2f} | {a.us / t.steps:.1f} |"
+                  for a in t.rare[:top]]
     for key, host in report.get("host", {}).items():
         lines += ["", f"host side of the {key} under cProfile: {host['seconds']:.3f} s", "",
                   "| function | calls | own ms | with callees ms |", "|---|---|---|---|"]
