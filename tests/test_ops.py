@@ -58,6 +58,28 @@ def test_rope_rotates_only_the_rotary_dims() -> None:
     assert torch.equal(apply_rope(q, cos, sin)[..., rotary_dim:], q[..., rotary_dim:])
 
 
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "yarn", "factor": 4.0,
+                                               "original_max_position_embeddings": 64}])
+def test_rope_tables_are_the_formula_with_frequencies_made_once(
+        monkeypatch: pytest.MonkeyPatch, scaling: dict | None) -> None:
+    """The angles come from frequencies made once per arguments (a decode step makes its
+    tables in three launches), and are the bits of the plain formula."""
+    from ninfer_runtime.ops import rope
+
+    monkeypatch.setattr(rope, "_INV_FREQS", {})
+    made = []
+    inv_freq = rope.rope_inv_freq
+    monkeypatch.setattr(rope, "rope_inv_freq", lambda *a: made.append(a) or inv_freq(*a))
+    positions = torch.tensor([0, 7, 100_000, 262_143])
+    for _ in range(2):
+        cos, sin = rope_cos_sin(positions, 16, 1e7, scaling)
+    assert len(made) == 1
+    freqs, factor = inv_freq(16, 1e7, scaling)
+    angles = positions.float()[:, None] * torch.cat([freqs, freqs])
+    assert torch.equal(cos, angles.cos() * factor) and torch.equal(sin, angles.sin() * factor)
+    assert (factor == 1.0) == (scaling is None)
+
+
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     t, nq, d = q.shape
     s, nkv = k.shape[:2]

@@ -122,6 +122,20 @@ def test_step_batch_layout() -> None:
         StepBatch.build([Segment([1, 2], start=3, pages=[0], state_slot=0)], 4, "cpu")
 
 
+def test_a_step_whose_every_row_has_logits_hands_its_hidden_on_ungathered() -> None:
+    """Decode and verify steps need every row's logits: the lm_head reads the hidden states
+    themselves (no gather launch); other steps gather their logits rows."""
+    hidden = torch.randn(3, 4)
+    decode = StepBatch.build([Segment([1], start=0, pages=[0], state_slot=0),
+                              Segment([2, 3], start=2, pages=[1], state_slot=1, logits="all")],
+                             page_size=4, device="cpu")
+    assert decode.logits_hidden(hidden) is hidden
+    prompt = StepBatch.build([Segment([1, 2], start=0, pages=[0], state_slot=0, logits="last"),
+                              Segment([3], start=2, pages=[1], state_slot=1)],
+                             page_size=4, device="cpu")
+    assert torch.equal(prompt.logits_hidden(hidden), hidden[[1, 2]])
+
+
 def make_scheduler(pages: int, slots: int, *, concurrency: int = 4, chunk: int = 4,
                    max_context: int = 64, step_tokens: int | None = None) -> Scheduler:
     kv = KVPool([PagedKV.allocate(TINY, pages, 4, int8=True, dtype=torch.float32,

@@ -53,7 +53,8 @@ class StepBatch:
     page_tables: torch.Tensor  # [B, max_pages], rows padded with page 0
     slot_mapping: torch.Tensor  # [N]: flat KV slot (page * page_size + offset) of each token
     state_slots: torch.Tensor  # [B]: GDN state slot of each sequence
-    logits_rows: torch.Tensor  # [R]: rows whose logits the caller needs, in segment order
+    # [R]: rows whose logits the caller needs, increasing (each segment's in order)
+    logits_rows: torch.Tensor
     # cu_seqlens of the segments after the first recurrent_seqs (the chunked path's), counted
     # from row recurrent_tokens: one tensor for every layer of the step (fla-core caches the
     # chunk indices it derives from it, on the host, by the tensor)
@@ -77,6 +78,13 @@ class StepBatch:
     @property
     def num_tokens(self) -> int:
         return self.token_ids.shape[0]
+
+    def logits_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The rows of hidden [N, ...] whose logits the step needs: hidden itself where that
+        is every row (increasing rows, R of N, are all of them), as in a decode step, which
+        so takes no gather launch."""
+        rows = self.logits_rows
+        return hidden if rows.shape[0] == hidden.shape[0] else hidden[rows]
 
     @classmethod
     def build(cls, segments: Sequence[Segment], page_size: int,

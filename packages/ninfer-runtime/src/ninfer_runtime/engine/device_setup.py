@@ -51,7 +51,7 @@ def _forward_step(model: Qwen3_5Model, caches: list[LayerCache], batch: StepBatc
                   taps: Sequence[int] = ()) -> tuple[torch.Tensor, ...]:
     """hidden, logits of the logits rows and, when `taps` names layers, their outputs."""
     hidden, tapped = model.forward_taps(batch, caches, taps)
-    logits = model.logits(hidden[batch.logits_rows])
+    logits = model.logits(batch.logits_hidden(hidden))
     return (hidden, logits, tapped) if taps else (hidden, logits)
 
 

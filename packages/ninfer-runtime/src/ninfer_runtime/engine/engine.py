@@ -353,8 +353,8 @@ class Engine:
             hidden, logits, *tapped = self.graphs.run(batch)
             return hidden, logits, tapped[0] if taps else None
         hidden, tapped = self.model.forward_taps(batch, self.caches, taps)
-        rows = batch.logits_rows
-        logits = self.model.logits(hidden[rows]) if rows.shape[0] else None
+        logits = self.model.logits(batch.logits_hidden(hidden)) \
+            if batch.logits_rows.shape[0] else None
         return hidden, logits, tapped if taps else None
 
     def _accept(self, w: Work, accepted: int) -> None:

@@ -229,11 +229,13 @@ def decoder_layer(x: torch.Tensor, h: torch.Tensor | None, w: DecoderLayerWeight
 
 def run_layers(x: torch.Tensor, layers: Sequence[DecoderLayerWeights],
                caches: Sequence[LayerCache], batch: StepBatch, cfg: ModelConfig,
-               taps: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+               final_norm: torch.Tensor, taps: Sequence[int] = ()
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Push the step's tokens x [N, H] through `layers`, each over its cache.
 
-    Returns the residual stream after the last layer [N, H] and the taps: the stream after
-    each layer in `taps` (0-based layer ids, in that order), concatenated [N, len(taps) * H].
+    Returns the residual stream after the last layer normed by `final_norm` [N, H] (the last
+    residual add in the norm's pass) and the taps: the stream after each layer in `taps`
+    (0-based layer ids, in that order), concatenated [N, len(taps) * H].
     """
     if len(layers) != len(caches):
         raise ValueError(f"{len(caches)} layer caches for {len(layers)} layers")
@@ -246,7 +248,8 @@ def run_layers(x: torch.Tensor, layers: Sequence[DecoderLayerWeights],
         x, h = decoder_layer(x, h, w, cache, batch, rope, cfg)
         if i in taps:
             tapped[i] = x + h
-    stream = x if h is None else x + h
+    eps = cfg.rms_norm_eps
+    out = rms_norm(x, final_norm, eps) if h is None else add_rms_norm(x, h, final_norm, eps)[1]
     if not taps:
-        return stream, x.new_empty(x.shape[0], 0)
-    return stream, torch.cat([tapped[i] for i in taps], dim=-1)
+        return out, x.new_empty(x.shape[0], 0)
+    return out, torch.cat([tapped[i] for i in taps], dim=-1)

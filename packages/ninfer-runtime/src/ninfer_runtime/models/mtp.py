@@ -71,8 +71,7 @@ class Qwen3_5MTP:
         e = rms_norm(self.embed_tokens[batch.token_ids], self.pre_fc_norm_embedding, eps)
         h = rms_norm(hidden_prev.to(self.device, self.dtype), self.pre_fc_norm_hidden, eps)
         u = linear(torch.cat([e, h], dim=-1), self.fc)
-        u, _ = run_layers(u, [self.layer], [kv], batch, self.config)
-        return rms_norm(u, self.norm, eps)
+        return run_layers(u, [self.layer], [kv], batch, self.config, self.norm)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The shared lm_head over hidden [..., H] -> fp32 logits [..., vocab]."""

@@ -12,7 +12,6 @@ from ninfer_runtime.models.cache import LayerCache, SequenceCache, allocate_laye
 from ninfer_runtime.models.layers import run_layers
 from ninfer_runtime.models.weights import DecoderLayerWeights, WeightReader
 from ninfer_runtime.ops.linear import Weight, linear
-from ninfer_runtime.ops.norm import rms_norm
 
 
 class Qwen3_5Model:
@@ -61,8 +60,7 @@ class Qwen3_5Model:
         `taps` (0-based ids; HF hidden_states[i + 1]), concatenated [N, len(taps) * H] in that
         order: the context features a DFlash draft reads."""
         x = self.embed_tokens[batch.token_ids]
-        x, tapped = run_layers(x, self.layers, caches, batch, self.config, taps)
-        return rms_norm(x, self.norm, self.config.rms_norm_eps), tapped
+        return run_layers(x, self.layers, caches, batch, self.config, self.norm, taps)
 
     def forward(self, input_ids: torch.Tensor, start_pos: int,
                 cache: SequenceCache) -> torch.Tensor:

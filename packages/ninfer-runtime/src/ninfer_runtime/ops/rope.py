@@ -92,13 +92,30 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float,
                  scaling: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin tables [T, rotary_dim] (fp32) for integer `positions` [T]; `scaling` as for
-    `rope_inv_freq`."""
-    inv_freq, factor = rope_inv_freq(rotary_dim, theta, scaling, positions.device)
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    angles = torch.cat([freqs, freqs], dim=-1)
+    `rope_inv_freq`. A decode step makes them in three launches (the angles, cos, sin): the
+    frequencies, duplicated for the two rotary halves, are made once per device."""
+    inv_freq, factor = _doubled_inv_freq(rotary_dim, theta, scaling, positions.device)
+    angles = positions[:, None] * inv_freq[None, :]  # the position's fp32 cast in the multiply
     if factor == 1.0:
         return angles.cos(), angles.sin()
     return angles.cos() * factor, angles.sin() * factor
+
+
+_INV_FREQS: dict[tuple, tuple[torch.Tensor, float]] = {}
+
+
+def _doubled_inv_freq(rotary_dim: int, theta: float, scaling: Mapping[str, Any] | None,
+                      device: torch.device) -> tuple[torch.Tensor, float]:
+    """`rope_inv_freq` twice over [rotary_dim] and its factor, made once per arguments (not
+    kept when made inside a CUDA graph capture, whose kernels run only at a replay)."""
+    key = (rotary_dim, theta, repr(sorted((scaling or {}).items())), device)
+    if key in _INV_FREQS:
+        return _INV_FREQS[key]
+    inv_freq, factor = rope_inv_freq(rotary_dim, theta, scaling, device)
+    made = torch.cat([inv_freq, inv_freq]), factor
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        _INV_FREQS[key] = made
+    return made
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
