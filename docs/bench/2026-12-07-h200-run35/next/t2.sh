@@ -4,8 +4,8 @@
 # the artifact's build
 source scripts/device_env.sh > /dev/null
 timeout 45 python3 scripts/gap_probe.py
-export TESTS="tests/kernels/test_sampling.py tests/kernels/test_counters.py tests/engine/test_engine_warmup.py tests/kernels/test_gdn_kernels.py tests/kernels/test_skinny_linear.py tests/kernels/test_moe.py"
-export TESTS_K="sampl or draw or filter or greedy or one_copy or kernel or ties or counter or pool or decode"
+export TESTS="tests/kernels/test_sampling.py tests/kernels/test_counters.py tests/engine/test_engine_warmup.py tests/kernels/test_gdn_kernels.py tests/kernels/test_skinny_linear.py tests/kernels/test_moe.py tests/kernels/test_rope.py tests/engine/test_engine_graphs.py"
+export TESTS_K="sampl or draw or filter or greedy or one_copy or kernel or ties or counter or pool or decode or rope"
 export TEST_SECONDS=${TEST_SECONDS:-150}
 T=${T:-530} ARMS=${ARMS:-head 3da092a 65491f4} bash ab/t1.sh
 tar xzf $OUT/a/tree_ab-*.tgz -O ./tests.txt 2>/dev/null | tail -15
