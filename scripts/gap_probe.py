@@ -40,39 +40,54 @@ def _graph(launches: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
 
 def _operations() -> dict[str, Callable[[], None]]:
     """Each kind of between-replays operation, on buffers of the engine's sizes (a 1-row
-    step's packed inputs ~100 B, page tables ~1 KB, the ids 8 B)."""
-    small = torch.zeros(32, dtype=torch.int32, device="cuda")
-    tables = torch.zeros(256, dtype=torch.int32, device="cuda")
-    pinned_small = torch.zeros(32, dtype=torch.int32).pin_memory()
-    pinned_tables = torch.zeros(256, dtype=torch.int32).pin_memory()
-    static_small = torch.zeros_like(small)
-    static_tables = torch.zeros(2, 512, dtype=torch.int32, device="cuda")
+    step's packed inputs and page tables ~1 KB, the ids 8 B), and the engine's sequence of
+    them as it is and as it could be."""
+    flat = torch.zeros(288, dtype=torch.int64, device="cuda")  # the step: packed | tables
+    packed, tables = flat[:32], flat[32:]
+    pinned_flat = torch.zeros_like(flat, device="cpu").pin_memory()
+    static_flat = torch.zeros_like(flat)  # a graph's static step, one row of the same width
+    static_packed, static_tables = static_flat[:32], static_flat[32:]
+    wide_tables = torch.zeros(2, 512, dtype=torch.int64, device="cuda")
     ids = torch.zeros(1, dtype=torch.int64, device="cuda")
     host_ids = torch.zeros(1, dtype=torch.int64).pin_memory()
     logits = torch.randn(1, 248_320, device="cuda")
 
-    def engine() -> None:
-        small.copy_(pinned_small, non_blocking=True)
-        small[:1].copy_(ids)  # int64 ids into the int32 step: a kernel
-        static_small.copy_(small, non_blocking=True)
-        static_tables[0, :256].copy_(tables, non_blocking=True)
-        ids.copy_(logits.argmax(-1))
+    def sample_and_return() -> None:
+        torch.argmax(logits, dim=-1, out=ids)  # the sampling kernel's stand-in
         host_ids.copy_(ids, non_blocking=True)
         torch.cuda.Event().record()
 
+    def engine(copy: Callable[[torch.Tensor, torch.Tensor], None]) -> Callable[[], None]:
+        def step() -> None:  # the transfer, the ids fed in, the load, then the sampling
+            flat.copy_(pinned_flat, non_blocking=True)
+            packed[:1].copy_(ids)
+            copy(static_packed, packed)
+            copy(static_tables, tables)
+            sample_and_return()
+        return step
+
+    def straight() -> None:  # the transfer into the static step itself: no device copies
+        static_flat.copy_(pinned_flat, non_blocking=True)
+        static_packed[:1].copy_(ids)
+        sample_and_return()
+
     return {
         "nothing": lambda: None,
-        "host -> device, pinned, 128 B": lambda: small.copy_(pinned_small, non_blocking=True),
-        "host -> device, pinned, 1 KB": lambda: tables.copy_(pinned_tables, non_blocking=True),
-        "device -> device, 128 B (copy_)": lambda: static_small.copy_(small, non_blocking=True),
-        "device -> device, strided 1 KB (copy_)":
-            lambda: static_tables[0, :256].copy_(tables, non_blocking=True),
-        "device -> device, 128 B (a kernel: add_)": lambda: static_small.add_(small),
+        "host -> device, pinned, 2.3 KB": lambda: flat.copy_(pinned_flat, non_blocking=True),
+        "device -> device, 256 B (copy_: a memcpy)":
+            lambda: static_packed.copy_(packed, non_blocking=True),
+        "device -> device, 256 B (a kernel)": lambda: torch.add(packed, 0, out=static_packed),
+        "device -> device, strided 2 KB (copy_)":
+            lambda: wide_tables[0, :256].copy_(tables, non_blocking=True),
         "device -> host, pinned, 8 B": lambda: host_ids.copy_(ids, non_blocking=True),
         "one tiny kernel": lambda: ids.add_(1),
-        "argmax over the vocabulary": lambda: ids.copy_(logits.argmax(-1)),
+        "argmax over the vocabulary (out=)": lambda: torch.argmax(logits, dim=-1, out=ids),
         "event record": lambda: torch.cuda.Event().record(),
-        "the engine's sequence (8 operations)": engine,
+        "the engine's sequence (7 operations)":
+            engine(lambda dst, src: dst.copy_(src, non_blocking=True)),
+        "the same, its device copies by kernels":
+            engine(lambda dst, src: torch.add(src, 0, out=dst)),
+        "the same, the transfer into the static step (5 operations)": straight,
     }
 
 
